@@ -1,0 +1,255 @@
+"""Uniform structured grids with Arakawa C-grid staggering."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+AXIS_NAMES_2D = ("y", "x")
+AXIS_NAMES_3D = ("z", "y", "x")
+
+#: Where a variable lives along one axis: at cell centres or on the cell faces. A face
+#: variable with index ``i`` sits on the low (west/south/bottom) face of cell ``i``.
+Stagger = Literal["centre", "face"]
+
+#: Named Arakawa C-grid locations in 2-D, as a stagger per axis in ``(y, x)`` order.
+CENTRE: tuple[Stagger, Stagger] = ("centre", "centre")
+X_FACE: tuple[Stagger, Stagger] = ("centre", "face")
+Y_FACE: tuple[Stagger, Stagger] = ("face", "centre")
+CORNER: tuple[Stagger, Stagger] = ("face", "face")
+
+_DTYPES = ("float32", "float64")
+
+
+def _axis_names(ndim: int) -> tuple[str, ...]:
+    return AXIS_NAMES_2D if ndim == 2 else AXIS_NAMES_3D
+
+
+class Grid(eqx.Module):
+    """A uniform structured grid of 2 or 3 dimensions, periodic or walled per axis.
+
+    Axes are ordered as in the output files: ``(y, x)`` in 2-D and ``(z, y, x)`` in 3-D.
+    Cell ``(j, i)`` covers ``[y0 + j dy, y0 + (j+1) dy] x [x0 + i dx, x0 + (i+1) dx]``.
+    On the Arakawa C-grid a centre variable has index ``i`` at ``x0 + (i + 1/2) dx`` and a face
+    variable at ``x0 + i dx`` (the low face of the cell). Every location holds ``n`` values
+    per axis: on a walled axis the face value ``0`` lies on the low wall and the high wall
+    (``x0 + n dx``) is implied by the boundary condition, so that all fields share one
+    shape and shard alike.
+
+    **Arguments:**
+
+    - `shape`: number of cells per axis, ``(ny, nx)`` or ``(nz, ny, nx)``; each ≥ 1.
+    - `extent`: domain length per axis in metres (or any unit), each > 0.
+    - `periodic`: per axis, ``True`` for periodic and ``False`` for walls (default all
+      periodic); a single bool applies to all axes.
+    - `origin`: coordinate of the low corner (default zeros).
+    - `dtype`: ``"float32"`` (default) or ``"float64"``: the dtype of fields on this grid.
+    - `halo`: halo width used by [`physjax.grids.fill_halo`][] (default 1).
+
+    The fields ``mesh_axes`` and ``mesh_shape`` describe a domain decomposition; they are set
+    by [`physjax.grids.Grid.on_mesh`][] and used only inside ``shard_map``.
+    """
+
+    shape: tuple[int, ...] = eqx.field(static=True)
+    extent: tuple[float, ...] = eqx.field(static=True)
+    periodic: tuple[bool, ...] = eqx.field(static=True)
+    origin: tuple[float, ...] = eqx.field(static=True)
+    dtype: str = eqx.field(static=True)
+    halo: int = eqx.field(static=True)
+    mesh_axes: tuple[str | None, ...] = eqx.field(static=True)
+    mesh_shape: tuple[int, ...] = eqx.field(static=True)
+
+    def __init__(
+        self,
+        shape: Sequence[int],
+        extent: Sequence[float],
+        periodic: bool | Sequence[bool] = True,
+        origin: Sequence[float] | None = None,
+        dtype: str = "float32",
+        halo: int = 1,
+        mesh_axes: Sequence[str | None] | None = None,
+        mesh_shape: Sequence[int] | None = None,
+    ):
+        shape = tuple(shape)
+        extent = tuple(extent)
+        ndim = len(shape)
+        if ndim not in (2, 3):
+            raise ValueError(f"shape must have 2 (ny, nx) or 3 (nz, ny, nx) entries, got {shape}")
+        names = _axis_names(ndim)
+        for name, n in zip(names, shape):
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+                raise ValueError(f"grid size n{name} must be a positive integer, got {n!r}")
+        if len(extent) != ndim:
+            raise ValueError(f"extent must have {ndim} entries like shape {shape}, got {extent}")
+        for name, length in zip(names, extent):
+            if not (isinstance(length, (int, float, np.floating, np.integer))) or not (
+                math.isfinite(length) and length > 0
+            ):
+                raise ValueError(
+                    f"domain length L{name} must be a finite number > 0, got {length!r}"
+                )
+        if isinstance(periodic, (bool, np.bool_)):
+            periodic = (bool(periodic),) * ndim
+        periodic = tuple(bool(p) for p in periodic)
+        if len(periodic) != ndim:
+            raise ValueError(f"periodic must have {ndim} entries, got {periodic}")
+        origin = (0.0,) * ndim if origin is None else tuple(float(o) for o in origin)
+        if len(origin) != ndim:
+            raise ValueError(f"origin must have {ndim} entries, got {origin}")
+        dtype = jnp.dtype(dtype).name
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
+        if not isinstance(halo, int) or halo < 1:
+            raise ValueError(f"halo must be a positive integer, got {halo!r}")
+        self.shape = tuple(int(n) for n in shape)
+        self.extent = tuple(float(length) for length in extent)
+        self.periodic = periodic
+        self.origin = origin
+        self.dtype = dtype
+        self.halo = halo
+        self.mesh_axes = (None,) * ndim if mesh_axes is None else tuple(mesh_axes)
+        self.mesh_shape = (1,) * ndim if mesh_shape is None else tuple(int(m) for m in mesh_shape)
+
+    # ------------------------------------------------------------------ geometry
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        """``("y", "x")`` or ``("z", "y", "x")``."""
+        return _axis_names(self.ndim)
+
+    @property
+    def spacing(self) -> tuple[float, ...]:
+        """Cell size per axis, ``(dy, dx)`` or ``(dz, dy, dx)``."""
+        return tuple(length / n for length, n in zip(self.extent, self.shape))
+
+    @property
+    def dx(self) -> float:
+        return self.spacing[-1]
+
+    @property
+    def dy(self) -> float:
+        return self.spacing[-2]
+
+    @property
+    def dz(self) -> float:
+        if self.ndim < 3:
+            raise AttributeError("a 2-D grid has no dz")
+        return self.spacing[-3]
+
+    @property
+    def cell_volume(self) -> float:
+        """Area (2-D) or volume (3-D) of one cell."""
+        return math.prod(self.spacing)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+    def axis(self, name: str) -> int:
+        """Array axis index (negative) of the named axis ``"x"``, ``"y"`` or ``"z"``."""
+        names = self.axis_names
+        if name not in names:
+            raise ValueError(f"axis must be one of {names}, got {name!r}")
+        return names.index(name) - self.ndim
+
+    def coordinates(self, name: str, stagger: Stagger = "centre") -> np.ndarray:
+        """Global 1-D coordinates (NumPy, float64) of centres or low faces along an axis."""
+        a = self.axis(name)
+        n, d, o = self.shape[a], self.spacing[a], self.origin[a]
+        offset = 0.5 if stagger == "centre" else 0.0
+        return o + (np.arange(n) + offset) * d
+
+    def mesh_coordinates(self, location: Sequence[Stagger]) -> tuple[np.ndarray, ...]:
+        """Global coordinate arrays of a location, broadcast to full field shape (``ij``)."""
+        axes = [self.coordinates(name, s) for name, s in zip(self.axis_names, location)]
+        return tuple(np.meshgrid(*axes, indexing="ij"))
+
+    def zeros(self, dtype=None) -> jax.Array:
+        return jnp.zeros(self.shape, dtype or self.dtype)
+
+    # ---------------------------------------------------------- decomposition
+    @property
+    def is_sharded(self) -> bool:
+        return any(m is not None for m in self.mesh_axes)
+
+    @property
+    def local_shape(self) -> tuple[int, ...]:
+        """Shape of the block held by one device."""
+        return tuple(n // m for n, m in zip(self.shape, self.mesh_shape))
+
+    def on_mesh(self, mesh_axes: Sequence[str | None], mesh_shape: Sequence[int]) -> Grid:
+        """The same grid, decomposed: axis ``k`` split ``mesh_shape[k]`` ways over the mesh
+        axis named ``mesh_axes[k]`` (``None``: not split). Raises if the split is uneven."""
+        mesh_axes = tuple(mesh_axes)
+        mesh_shape = tuple(int(m) for m in mesh_shape)
+        if len(mesh_axes) != self.ndim or len(mesh_shape) != self.ndim:
+            raise ValueError(
+                f"mesh_axes and mesh_shape need {self.ndim} entries, got {mesh_axes}, {mesh_shape}"
+            )
+        for name, n, m in zip(self.axis_names, self.shape, mesh_shape):
+            if n % m != 0:
+                raise ValueError(
+                    f"the mesh does not divide the grid: n{name}={n} cannot be split into {m} "
+                    f"equal blocks; choose n{name} a multiple of {m} or another device layout"
+                )
+            if n // m < self.halo:
+                raise ValueError(
+                    f"n{name}={n} split {m} ways leaves {n // m} cells per device, fewer than "
+                    f"the halo width {self.halo}"
+                )
+        return Grid(
+            self.shape,
+            self.extent,
+            self.periodic,
+            self.origin,
+            self.dtype,
+            self.halo,
+            mesh_axes,
+            mesh_shape,
+        )
+
+    def unsharded(self) -> Grid:
+        return Grid(self.shape, self.extent, self.periodic, self.origin, self.dtype, self.halo)
+
+    def block_index(self, axis: int) -> jax.Array | int:
+        """Index of this device's block along array ``axis`` (0 when the axis is not split).
+
+        Only valid inside ``shard_map`` when the grid is decomposed.
+        """
+        name = self.mesh_axes[axis]
+        if name is None or self.mesh_shape[axis] == 1:
+            return 0
+        return jax.lax.axis_index(name)
+
+    def local_index(self, axis: int, padded: bool = False) -> jax.Array:
+        """Global integer index of each local point along ``axis`` (with halo if ``padded``)."""
+        a = axis % self.ndim
+        n_local = self.local_shape[a]
+        h = self.halo if padded else 0
+        start = self.block_index(a) * n_local
+        return start + jnp.arange(-h, n_local + h)
+
+    def local_coordinates(
+        self, name: str, stagger: Stagger = "centre", padded: bool = False
+    ) -> jax.Array:
+        """1-D coordinates of this device's block along an axis, in the grid's dtype.
+
+        Works alike outside ``shard_map`` (the whole grid) and inside it (one block).
+        """
+        a = self.axis(name)
+        offset = 0.5 if stagger == "centre" else 0.0
+        idx = self.local_index(a, padded).astype(self.dtype)
+        return self.origin[a] + (idx + offset) * self.spacing[a]
+
+    def __check_init__(self):
+        if len(self.mesh_axes) != self.ndim or len(self.mesh_shape) != self.ndim:
+            raise ValueError("mesh_axes and mesh_shape need one entry per axis")

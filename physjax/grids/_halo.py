@@ -1,0 +1,111 @@
+"""Boundary conditions, applied in one place: by filling halos.
+
+A field is padded by ``grid.halo`` cells on every side. Along a periodic axis the halo is
+the wrapped interior; along a walled axis it mirrors the interior with a parity (``+1``: even,
+zero normal gradient; ``-1``: odd, zero value on the wall); across a device boundary it is the
+neighbour's data, received by [`physjax.parallel.exchange_halo`][]. Stencils applied to the
+padded field never know which of these they see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ..parallel._halo import exchange_halo
+from ._grid import Grid, Stagger
+
+
+def _flip(x: jax.Array, axis: int) -> jax.Array:
+    return lax.rev(x, (axis,))
+
+
+def _wall_ghosts(
+    field: jax.Array, axis: int, width: int, stagger: Stagger, parity: int
+) -> tuple[jax.Array, jax.Array]:
+    n = field.shape[axis]
+    take = lambda a, b: lax.slice_in_dim(field, a, b, axis=axis)
+    if stagger == "centre":
+        # Wall half a cell beyond the first/last value: mirror about it.
+        low = parity * _flip(take(0, width), axis)
+        high = parity * _flip(take(n - width, n), axis)
+        return low, high
+    if parity != -1:
+        raise ValueError(
+            "a face-located field on a walled axis must have odd parity (-1): it is the normal "
+            "component that vanishes on the wall"
+        )
+    # Face 0 lies on the low wall and face n on the high wall: odd reflection about each.
+    low = -_flip(take(1, width + 1), axis)
+    zero = jnp.zeros_like(take(0, 1))
+    high = jnp.concatenate([zero, -_flip(take(n - width + 1, n), axis)], axis=axis)
+    return low, high
+
+
+def _pad_axis(
+    field: jax.Array, grid: Grid, axis: int, stagger: Stagger, parity: int, width: int
+) -> jax.Array:
+    n = field.shape[axis]
+    periodic = grid.periodic[axis]
+    blocks = grid.mesh_shape[axis]
+    name = grid.mesh_axes[axis]
+    if blocks > 1 and name is not None:
+        low, high = exchange_halo(
+            field, axis=axis, width=width, axis_name=name, num_blocks=blocks, periodic=periodic
+        )
+        if not periodic:
+            wall_low, wall_high = _wall_ghosts(field, axis, width, stagger, parity)
+            k = lax.axis_index(name)
+            low = jnp.where(k == 0, wall_low, low)
+            high = jnp.where(k == blocks - 1, wall_high, high)
+    elif periodic:
+        low = lax.slice_in_dim(field, n - width, n, axis=axis)
+        high = lax.slice_in_dim(field, 0, width, axis=axis)
+    else:
+        low, high = _wall_ghosts(field, axis, width, stagger, parity)
+    return jnp.concatenate([low, field, high], axis=axis)
+
+
+def fill_halo(
+    field: jax.Array,
+    grid: Grid,
+    location: Sequence[Stagger] | None = None,
+    parity: Sequence[int] | None = None,
+    width: int | None = None,
+) -> jax.Array:
+    """Pad a field with a halo holding its boundary conditions.
+
+    **Arguments:**
+
+    - `field`: array of the grid's (local) shape, ``(ny, nx)`` or ``(nz, ny, nx)``.
+    - `grid`: the [`physjax.grids.Grid`][]; decomposed grids exchange halos with neighbours.
+    - `location`: stagger per axis, ``"centre"`` or ``"face"`` (default all centres).
+    - `parity`: per axis, the reflection used at walls: ``+1`` even (free-slip tangential
+      velocity, scalars with zero normal flux), ``-1`` odd (no-slip tangential velocity,
+      homogeneous Dirichlet, normal velocity). Default ``+1`` at centres, ``-1`` on faces.
+    - `width`: halo width (default ``grid.halo``).
+
+    **Returns:** the field padded by ``width`` on every side of every axis, corners included.
+    """
+    nd = grid.ndim
+    if field.ndim != nd:
+        raise ValueError(f"field must have {nd} dimensions like the grid, got shape {field.shape}")
+    if tuple(field.shape) != grid.local_shape:
+        raise ValueError(f"field shape {field.shape} does not match the grid {grid.local_shape}")
+    location = ("centre",) * nd if location is None else tuple(location)
+    if parity is None:
+        parity = tuple(1 if s == "centre" else -1 for s in location)
+    width = grid.halo if width is None else width
+    # Pad the last axis first, then the others on the padded array, so corners are filled.
+    for axis in reversed(range(nd)):
+        field = _pad_axis(field, grid, axis, location[axis], parity[axis], width)
+    return field
+
+
+def interior(padded: jax.Array, grid: Grid, width: int | None = None) -> jax.Array:
+    """Strip a halo of ``width`` (default ``grid.halo``) from every axis."""
+    w = grid.halo if width is None else width
+    return padded[(slice(w, -w),) * grid.ndim]

@@ -1,0 +1,108 @@
+"""Second-order staggered stencils, named by axis and by the locations they map between.
+
+``c2f`` maps cell centres to the low faces (index ``i`` uses ``i - 1`` and ``i``), ``f2c``
+maps faces to centres (index ``i`` uses ``i`` and ``i + 1``). Along one axis corners behave as
+faces, so ``diff_x_c2f`` takes a v-point field to a corner and ``interp_y_f2c`` a corner to a
+u-point. They act on halo-padded fields (see [`physjax.grids.fill_halo`][]) and keep the
+shape: the outermost halo layer of the result is not meaningful, the interior is exact.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from ._grid import Grid
+
+
+def _back(f: jax.Array, axis: int) -> jax.Array:
+    return jnp.roll(f, 1, axis=axis)
+
+
+def _fwd(f: jax.Array, axis: int) -> jax.Array:
+    return jnp.roll(f, -1, axis=axis)
+
+
+def _diff_c2f(f, grid: Grid, axis: int):
+    return (f - _back(f, axis)) / grid.spacing[axis]
+
+
+def _diff_f2c(f, grid: Grid, axis: int):
+    return (_fwd(f, axis) - f) / grid.spacing[axis]
+
+
+def _interp_c2f(f, axis: int):
+    return 0.5 * (f + _back(f, axis))
+
+
+def _interp_f2c(f, axis: int):
+    return 0.5 * (_fwd(f, axis) + f)
+
+
+def diff_x_c2f(f: jax.Array, grid: Grid) -> jax.Array:
+    """∂/∂x from x-centres to x-faces: ``(f[i] - f[i-1]) / dx``."""
+    return _diff_c2f(f, grid, -1)
+
+
+def diff_x_f2c(f: jax.Array, grid: Grid) -> jax.Array:
+    """∂/∂x from x-faces to x-centres: ``(f[i+1] - f[i]) / dx``."""
+    return _diff_f2c(f, grid, -1)
+
+
+def diff_y_c2f(f: jax.Array, grid: Grid) -> jax.Array:
+    """∂/∂y from y-centres to y-faces: ``(f[j] - f[j-1]) / dy``."""
+    return _diff_c2f(f, grid, -2)
+
+
+def diff_y_f2c(f: jax.Array, grid: Grid) -> jax.Array:
+    """∂/∂y from y-faces to y-centres: ``(f[j+1] - f[j]) / dy``."""
+    return _diff_f2c(f, grid, -2)
+
+
+def diff_z_c2f(f: jax.Array, grid: Grid) -> jax.Array:
+    """∂/∂z from z-centres to z-faces (3-D grids)."""
+    return _diff_c2f(f, grid, -3)
+
+
+def diff_z_f2c(f: jax.Array, grid: Grid) -> jax.Array:
+    """∂/∂z from z-faces to z-centres (3-D grids)."""
+    return _diff_f2c(f, grid, -3)
+
+
+def interp_x_c2f(f: jax.Array) -> jax.Array:
+    """Average from x-centres to x-faces: ``(f[i-1] + f[i]) / 2``."""
+    return _interp_c2f(f, -1)
+
+
+def interp_x_f2c(f: jax.Array) -> jax.Array:
+    """Average from x-faces to x-centres: ``(f[i] + f[i+1]) / 2``."""
+    return _interp_f2c(f, -1)
+
+
+def interp_y_c2f(f: jax.Array) -> jax.Array:
+    """Average from y-centres to y-faces: ``(f[j-1] + f[j]) / 2``."""
+    return _interp_c2f(f, -2)
+
+
+def interp_y_f2c(f: jax.Array) -> jax.Array:
+    """Average from y-faces to y-centres: ``(f[j] + f[j+1]) / 2``."""
+    return _interp_f2c(f, -2)
+
+
+def interp_z_c2f(f: jax.Array) -> jax.Array:
+    """Average from z-centres to z-faces (3-D grids)."""
+    return _interp_c2f(f, -3)
+
+
+def interp_z_f2c(f: jax.Array) -> jax.Array:
+    """Average from z-faces to z-centres (3-D grids)."""
+    return _interp_f2c(f, -3)
+
+
+def laplacian(f: jax.Array, grid: Grid) -> jax.Array:
+    """Five-point (2-D) or seven-point (3-D) Laplacian of a halo-padded field, any location."""
+    out = jnp.zeros_like(f)
+    for axis in range(grid.ndim):
+        d2 = grid.spacing[axis] ** 2
+        out = out + (_fwd(f, axis) - 2 * f + _back(f, axis)) / d2
+    return out

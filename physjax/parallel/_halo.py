@@ -1,0 +1,36 @@
+"""Halo exchange between neighbouring devices with ``lax.ppermute``."""
+
+from __future__ import annotations
+
+import jax
+from jax import lax
+
+
+def exchange_halo(
+    field: jax.Array,
+    *,
+    axis: int,
+    width: int,
+    axis_name: str,
+    num_blocks: int,
+    periodic: bool,
+) -> tuple[jax.Array, jax.Array]:
+    """Receive the ``width`` slices that border this block along ``axis`` from its neighbours.
+
+    Must be called inside ``shard_map`` where array ``axis`` is split over the mesh axis
+    ``axis_name`` into ``num_blocks`` blocks. Returns ``(low, high)``: ``low`` holds the last
+    ``width`` slices of the block below (``k - 1``), ``high`` the first ``width`` slices of
+    the block above (``k + 1``). On a non-periodic axis the outermost blocks receive zeros
+    on their outer side; the caller replaces those by the physical boundary condition.
+    """
+    n = field.shape[axis]
+    first = lax.slice_in_dim(field, 0, width, axis=axis)
+    last = lax.slice_in_dim(field, n - width, n, axis=axis)
+    up = [(k, k + 1) for k in range(num_blocks - 1)]
+    down = [(k + 1, k) for k in range(num_blocks - 1)]
+    if periodic:
+        up.append((num_blocks - 1, 0))
+        down.append((0, num_blocks - 1))
+    low = lax.ppermute(last, axis_name, perm=up)
+    high = lax.ppermute(first, axis_name, perm=down)
+    return low, high

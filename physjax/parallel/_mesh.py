@@ -1,0 +1,143 @@
+"""Device meshes and ``shard_map`` execution of grid computations."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from ..grids import AXIS_NAMES_2D, AXIS_NAMES_3D, Grid
+
+
+def _default_layout(n: int, ndim: int) -> tuple[int, ...]:
+    # Split the slowest (outermost) axis first: those halos are contiguous in memory.
+    # Among factorisations prefer the most square one with the larger factor first.
+    best = None
+    for p in range(1, n + 1):
+        if n % p:
+            continue
+        q = n // p
+        if p < q:
+            continue
+        score = p / q
+        if best is None or score < best[0]:
+            best = (score, p, q)
+    _, p, q = best
+    return (p, q) if ndim == 2 else (1, p, q)
+
+
+def make_mesh(devices: int | Sequence[int] | None = None, ndim: int = 2) -> Mesh:
+    """A device mesh whose axes are named like the grid's: ``("y", "x")`` or ``("z", "y", "x")``.
+
+    **Arguments:**
+
+    - `devices`: the number of devices (laid out as square as possible, the outer axis split
+      first: 4 → 2×2, 2 → 2×1, 8 → 4×2), or the layout itself, e.g. ``(4, 1)`` — one entry
+      per grid axis. Default: all available devices.
+    - `ndim`: 2 or 3, the grid's number of dimensions.
+    """
+    if ndim not in (2, 3):
+        raise ValueError(f"ndim must be 2 or 3, got {ndim}")
+    available = jax.devices()
+    if devices is None:
+        devices = len(available)
+    if isinstance(devices, (int, np.integer)) and not isinstance(devices, bool):
+        if devices < 1:
+            raise ValueError(f"devices must be a positive integer, got {devices}")
+        layout = _default_layout(int(devices), ndim)
+    else:
+        layout = tuple(int(d) for d in devices)
+        if len(layout) != ndim or any(d < 1 for d in layout):
+            raise ValueError(
+                f"a device layout needs {ndim} positive entries (one per grid axis), got {devices}"
+            )
+    n = math.prod(layout)
+    if n > len(available):
+        raise ValueError(
+            f"devices={n} requested but only {len(available)} available "
+            f"({available[0].platform}); on a CPU simulate more with "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={n} set before jax is imported"
+        )
+    names = AXIS_NAMES_2D if ndim == 2 else AXIS_NAMES_3D
+    return Mesh(np.asarray(available[:n]).reshape(layout), names)
+
+
+def field_spec(grid: Grid, mesh: Mesh, batch_dims: int = 0) -> PartitionSpec:
+    """PartitionSpec of a field on ``grid`` (with ``batch_dims`` leading axes unsplit)."""
+    axes = tuple(name if mesh.shape[name] > 1 else None for name in grid.axis_names)
+    return PartitionSpec(*((None,) * batch_dims + axes))
+
+
+def decompose(grid: Grid, mesh: Mesh) -> Grid:
+    """The grid as seen from one device of ``mesh``; raises if the mesh does not divide it."""
+    names = tuple(mesh.axis_names)
+    if set(names) != set(grid.axis_names):
+        raise ValueError(
+            f"mesh axes {names} must be named like the grid axes {grid.axis_names}; "
+            "build it with physjax.parallel.make_mesh"
+        )
+    return grid.on_mesh(grid.axis_names, tuple(mesh.shape[a] for a in grid.axis_names))
+
+
+def _is_field(x: Any, grid: Grid) -> bool:
+    shape = getattr(x, "shape", None)
+    return shape is not None and len(shape) >= grid.ndim and tuple(shape[-grid.ndim :]) == grid.shape
+
+
+def _specs(tree: Any, grid: Grid, mesh: Mesh) -> Any:
+    def spec(x):
+        if _is_field(x, grid):
+            return field_spec(grid, mesh, batch_dims=len(x.shape) - grid.ndim)
+        return PartitionSpec()
+
+    return jax.tree.map(spec, tree)
+
+
+def shard(tree: Any, grid: Grid, mesh: Mesh) -> Any:
+    """Place every field-shaped array of ``tree`` on ``mesh``, split like the grid; replicate
+    the rest (scalars, small arrays)."""
+    decompose(grid, mesh)
+    specs = _specs(tree, grid, mesh)
+    return jax.tree.map(
+        lambda x, s: jax.device_put(x, NamedSharding(mesh, s)) if eqx.is_array(x) else x,
+        tree,
+        specs,
+    )
+
+
+def shard_map_fields(
+    fn: Callable[..., Any], grid: Grid, mesh: Mesh | None
+) -> Callable[..., Any]:
+    """Run ``fn(grid, *args)`` on one device or split over ``mesh`` by ``shard_map``.
+
+    Every field-shaped array among the arguments and results (trailing axes equal to
+    ``grid.shape``) is split like the grid; everything else is replicated. Inside, ``fn``
+    receives the decomposed grid, whose [`physjax.grids.fill_halo`][] exchanges halos with
+    the neighbouring devices; the same stencil code thus runs on 1 or N devices. Results
+    declared replicated must be computed identically on every device (use ``lax.psum`` for
+    global sums).
+    """
+    if mesh is None or mesh.size == 1:
+        return lambda *args: fn(grid, *args)
+    local = decompose(grid, mesh)
+
+    def wrapped(*args):
+        arrays, static = eqx.partition(args, eqx.is_array)
+        out_shape = jax.eval_shape(lambda a: fn(grid, *eqx.combine(a, static)), arrays)
+
+        def body(a):
+            return fn(local, *eqx.combine(a, static))
+
+        return jax.shard_map(
+            body,
+            mesh=mesh,
+            in_specs=(_specs(arrays, grid, mesh),),
+            out_specs=_specs(out_shape, grid, mesh),
+        )(arrays)
+
+    return wrapped
