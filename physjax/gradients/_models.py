@@ -1,0 +1,299 @@
+"""Equinox neural fields with a layer-wise forward Laplacian (MLP, Fourier, modified MLP)."""
+
+import abc
+import math
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PRNGKeyArray
+
+from ._jet import Form, Jet, affine, elementwise, gate, input_affine
+from ._remat import apply_block
+
+_ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
+    "tanh": jnp.tanh,
+    "sin": jnp.sin,
+    "gelu": jax.nn.gelu,
+    "silu": jax.nn.silu,
+    "softplus": jax.nn.softplus,
+    "sigmoid": jax.nn.sigmoid,
+}
+
+
+def _resolve_activation(activation: str | Callable[[Array], Array]) -> Callable[[Array], Array]:
+    if callable(activation):
+        return activation
+    if isinstance(activation, str) and activation in _ACTIVATIONS:
+        return _ACTIVATIONS[activation]
+    raise ValueError(
+        f"activation must be a callable or one of {sorted(_ACTIVATIONS)}, got {activation!r}."
+    )
+
+
+def _check_sizes(in_size: int, out_size: int | str, width: int, depth: int) -> None:
+    if not isinstance(in_size, int) or in_size < 1:
+        raise ValueError(f"in_size must be a positive int, got {in_size!r}.")
+    if out_size != "scalar" and (not isinstance(out_size, int) or out_size < 1):
+        raise ValueError(f"out_size must be a positive int or 'scalar', got {out_size!r}.")
+    if not isinstance(width, int) or width < 1:
+        raise ValueError(f"width must be a positive int, got {width!r}.")
+    if not isinstance(depth, int) or depth < 1:
+        raise ValueError(f"depth (number of hidden layers) must be an int >= 1, got {depth!r}.")
+
+
+def _chain(
+    pre: Jet,
+    steps: Sequence[tuple[Callable[[Array], Array], eqx.nn.Linear]],
+    form: Form,
+    use_custom_vjp: bool,
+) -> Jet:
+    """Run ``pre -> linear(activation(pre))`` for each step, one recomputed block per step.
+
+    Each block's saved input is the pre-activation jet, so the backward pass keeps one jet
+    per layer and recomputes the activation and its derivatives.
+    """
+    for activation, linear in steps:
+
+        def block(lin, jet, activation=activation):
+            return affine(lin.weight, lin.bias, elementwise(activation, jet, form))
+
+        pre = apply_block(block, linear, pre, use_custom_vjp)
+    return pre
+
+
+class AbstractNeuralField(eqx.Module):
+    """A network ``R^d -> R^m`` that propagates second-order jets layer by layer.
+
+    Subclasses implement ``__call__`` (one point) and ``jet``; the operators of
+    :mod:`physjax.gradients` use ``jet`` for the forward Laplacian with a per-layer
+    ``jax.custom_vjp`` and fall back to nested ``jax.jvp`` for any other function.
+    """
+
+    in_size: eqx.AbstractVar[int]
+    out_size: eqx.AbstractVar[int | Literal["scalar"]]
+
+    @abc.abstractmethod
+    def __call__(self, x: Float[Array, " d"]) -> Float[Array, "*m"]:
+        """Evaluate the field at one point ``x``."""
+
+    @abc.abstractmethod
+    def jet(
+        self,
+        x: Float[Array, " d"],
+        directions: Float[Array, "k d"],
+        form: Form,
+        use_custom_vjp: bool = True,
+    ) -> Jet:
+        """Value ``(m,)``, directional derivatives ``(k, m)`` and second-order part at ``x``."""
+
+
+def _init_linears(sizes: Sequence[int], key: PRNGKeyArray, dtype) -> tuple[eqx.nn.Linear, ...]:
+    keys = jax.random.split(key, len(sizes) - 1)
+    return tuple(
+        eqx.nn.Linear(a, b, key=k, dtype=dtype)
+        for a, b, k in zip(sizes[:-1], sizes[1:], keys, strict=True)
+    )
+
+
+def _finish(value: Array, out_size) -> Array:
+    return value[0] if out_size == "scalar" else value
+
+
+class MLP(AbstractNeuralField):
+    """Multilayer perceptron ``x -> W_L s(... s(W_1 x + b_1) ...) + b_L``.
+
+    ``depth`` hidden layers of ``width`` units with an elementwise, twice-differentiable
+    activation ``s`` (Glorot-uniform-like Equinox initialisation).
+
+    Args:
+        in_size: input dimension ``d``.
+        out_size: output dimension ``m``, or ``"scalar"`` for a scalar field.
+        width: hidden width.
+        depth: number of hidden layers (``depth + 1`` linear layers), ``>= 1``.
+        activation: ``"tanh"`` (default), ``"sin"``, ``"gelu"``, ``"silu"``, ``"softplus"``,
+            ``"sigmoid"`` or any elementwise callable.
+        key: PRNG key.
+        dtype: parameter dtype (default: JAX's default float).
+    """
+
+    layers: tuple[eqx.nn.Linear, ...]
+    activation: Callable[[Array], Array] = eqx.field(static=True)
+    in_size: int = eqx.field(static=True)
+    out_size: int | Literal["scalar"] = eqx.field(static=True)
+
+    def __init__(
+        self,
+        in_size: int,
+        out_size: int | Literal["scalar"],
+        width: int,
+        depth: int,
+        activation: str | Callable[[Array], Array] = "tanh",
+        *,
+        key: PRNGKeyArray,
+        dtype=None,
+    ):
+        _check_sizes(in_size, out_size, width, depth)
+        m = 1 if out_size == "scalar" else out_size
+        self.layers = _init_linears([in_size] + [width] * depth + [m], key, dtype)
+        self.activation = _resolve_activation(activation)
+        self.in_size = in_size
+        self.out_size = out_size
+
+    def __call__(self, x: Float[Array, " d"]) -> Float[Array, "*m"]:
+        h = x
+        for lin in self.layers[:-1]:
+            h = self.activation(lin(h))
+        return _finish(self.layers[-1](h), self.out_size)
+
+    def jet(self, x, directions, form, use_custom_vjp=True):
+        first = self.layers[0]
+        pre = input_affine(first.weight, first.bias, x, directions, form)
+        steps = [(self.activation, lin) for lin in self.layers[1:]]
+        return _chain(pre, steps, form, use_custom_vjp)
+
+
+class FourierMLP(AbstractNeuralField):
+    """MLP on random Fourier features ``[cos(B x), sin(B x)]`` (Tancik et al. 2020).
+
+    ``B`` has shape ``(num_features, d)`` with entries ``N(0, scale^2)`` and is not trained
+    (it enters through ``jax.lax.stop_gradient``). The embedding is written as a linear layer
+    ``[B; B] x + [pi/2; 0]`` followed by ``sin``, so the forward Laplacian and the
+    per-layer custom VJP treat it like any other layer.
+
+    Args:
+        in_size, out_size, width, depth, activation, key, dtype: as for :class:`MLP`
+            (``width``/``depth`` of the MLP after the embedding).
+        num_features: number of frequencies (the embedding has ``2 * num_features`` entries).
+        scale: standard deviation of the frequencies (default 1.0).
+
+    References: Tancik et al. (2020), arXiv:2006.10739; Wang, Wang & Perdikaris (2021),
+    DOI 10.1016/j.cma.2021.113938.
+    """
+
+    frequencies: Float[Array, "f d"]
+    mlp: MLP
+    in_size: int = eqx.field(static=True)
+    out_size: int | Literal["scalar"] = eqx.field(static=True)
+
+    def __init__(
+        self,
+        in_size: int,
+        out_size: int | Literal["scalar"],
+        width: int,
+        depth: int,
+        activation: str | Callable[[Array], Array] = "tanh",
+        *,
+        num_features: int = 32,
+        scale: float = 1.0,
+        key: PRNGKeyArray,
+        dtype=None,
+    ):
+        _check_sizes(in_size, out_size, width, depth)
+        if not isinstance(num_features, int) or num_features < 1:
+            raise ValueError(f"num_features must be a positive int, got {num_features!r}.")
+        if not scale > 0:
+            raise ValueError(f"scale must be positive, got {scale!r}.")
+        kb, km = jax.random.split(key)
+        dtype = jnp.zeros((), dtype).dtype
+        self.frequencies = scale * jax.random.normal(kb, (num_features, in_size), dtype)
+        self.mlp = MLP(2 * num_features, out_size, width, depth, activation, key=km, dtype=dtype)
+        self.in_size = in_size
+        self.out_size = out_size
+
+    def _embedding(self):
+        b = jax.lax.stop_gradient(self.frequencies)
+        weight = jnp.concatenate([b, b], axis=0)
+        f = b.shape[0]
+        phase = jnp.concatenate([jnp.full((f,), 0.5 * math.pi, b.dtype), jnp.zeros((f,), b.dtype)])
+        return weight, phase
+
+    def __call__(self, x: Float[Array, " d"]) -> Float[Array, "*m"]:
+        weight, phase = self._embedding()
+        return self.mlp(jnp.sin(weight @ x + phase))
+
+    def jet(self, x, directions, form, use_custom_vjp=True):
+        weight, phase = self._embedding()
+        pre = input_affine(weight, phase, x, directions, form)
+        layers = self.mlp.layers
+        steps = [(jnp.sin, layers[0])] + [(self.mlp.activation, lin) for lin in layers[1:]]
+        return _chain(pre, steps, form, use_custom_vjp)
+
+
+class ModifiedMLP(AbstractNeuralField):
+    """Modified MLP of Wang, Teng & Perdikaris (2021) with two gating encoders.
+
+    .. math::
+        U = s(W_u x + b_u),\\quad V = s(W_v x + b_v),\\quad H_1 = s(W_1 x + b_1),\\\\
+        Z_k = s(W_{z,k} H_k + b_{z,k}),\\quad H_{k+1} = (1 - Z_k) \\odot U + Z_k \\odot V,\\\\
+        f(x) = W H_{L} + b.
+
+    Args:
+        in_size, out_size, width, activation, key, dtype: as for :class:`MLP`.
+        depth: number of hidden layers ``L`` (``H_1`` and ``L - 1`` gated layers), ``>= 1``.
+
+    Reference: Wang, Teng & Perdikaris (2021), SIAM J. Sci. Comput. 43(5),
+    DOI 10.1137/20M1318043.
+    """
+
+    encoder_u: eqx.nn.Linear
+    encoder_v: eqx.nn.Linear
+    layers: tuple[eqx.nn.Linear, ...]
+    activation: Callable[[Array], Array] = eqx.field(static=True)
+    in_size: int = eqx.field(static=True)
+    out_size: int | Literal["scalar"] = eqx.field(static=True)
+
+    def __init__(
+        self,
+        in_size: int,
+        out_size: int | Literal["scalar"],
+        width: int,
+        depth: int,
+        activation: str | Callable[[Array], Array] = "tanh",
+        *,
+        key: PRNGKeyArray,
+        dtype=None,
+    ):
+        _check_sizes(in_size, out_size, width, depth)
+        ku, kv, kl = jax.random.split(key, 3)
+        m = 1 if out_size == "scalar" else out_size
+        self.encoder_u = eqx.nn.Linear(in_size, width, key=ku, dtype=dtype)
+        self.encoder_v = eqx.nn.Linear(in_size, width, key=kv, dtype=dtype)
+        self.layers = _init_linears([in_size] + [width] * depth + [m], kl, dtype)
+        self.activation = _resolve_activation(activation)
+        self.in_size = in_size
+        self.out_size = out_size
+
+    def __call__(self, x: Float[Array, " d"]) -> Float[Array, "*m"]:
+        s = self.activation
+        u, v = s(self.encoder_u(x)), s(self.encoder_v(x))
+        h = s(self.layers[0](x))
+        for lin in self.layers[1:-1]:
+            z = s(lin(h))
+            h = u + z * (v - u)
+        return _finish(self.layers[-1](h), self.out_size)
+
+    def jet(self, x, directions, form, use_custom_vjp=True):
+        s = self.activation
+        u = elementwise(
+            s, input_affine(self.encoder_u.weight, self.encoder_u.bias, x, directions, form), form
+        )
+        v = elementwise(
+            s, input_affine(self.encoder_v.weight, self.encoder_v.bias, x, directions, form), form
+        )
+        first = self.layers[0]
+        pre = input_affine(first.weight, first.bias, x, directions, form)
+        for i, lin in enumerate(self.layers[1:]):
+            gated = i > 0  # the previous linear layer was a gated Z-layer
+
+            def block(params, carry, gated=gated):
+                pre_, u_, v_ = carry
+                h = elementwise(s, pre_, form)
+                if gated:
+                    h = gate(h, u_, v_, form)
+                return affine(params.weight, params.bias, h)
+
+            pre = apply_block(block, lin, (pre, u, v), use_custom_vjp)
+        return pre

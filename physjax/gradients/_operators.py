@@ -1,0 +1,421 @@
+"""Differential operators on functions of one point: forward-mode, bounded-memory VJP."""
+
+import operator
+from collections.abc import Callable, Sequence
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from ._jet import Form, Jet, elementwise, generic_jet, input_affine
+from ._models import AbstractNeuralField, _chain
+from ._remat import recompute_block
+
+PointFn = Callable[[Float[Array, " d"]], Float[Array, "*m"]]
+Spatial = int | Sequence[int] | None
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _check_callable(fn, name: str = "fn") -> None:
+    if not callable(fn):
+        raise TypeError(f"{name} must be a callable of one point x of shape (d,), got {fn!r}.")
+
+
+def _check_point(x) -> Array:
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(
+            f"x must be a floating-point array to be differentiated, got dtype {x.dtype}; "
+            "cast it with x.astype(float)."
+        )
+    if x.ndim != 1:
+        raise ValueError(
+            f"x must be one point of shape (d,), got shape {x.shape}; use jax.vmap over points."
+        )
+    return x
+
+
+def _as_index(i, name: str) -> int:
+    try:
+        return operator.index(i)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {i!r}.") from None
+
+
+def _spatial_indices(spatial: Spatial, d: int, name: str = "spatial") -> tuple[int, ...]:
+    if spatial is None:
+        return tuple(range(d))
+    items = [spatial] if not isinstance(spatial, Sequence) else list(spatial)
+    if len(items) == 0:
+        raise ValueError(f"{name} must name at least one input coordinate, got {spatial!r}.")
+    out = []
+    for i in items:
+        i = _as_index(i, f"each entry of {name}")
+        if not -d <= i < d:
+            raise ValueError(
+                f"{name} index {i} is out of range for an input of dimension d={d} "
+                f"(allowed {-d}..{d - 1})."
+            )
+        out.append(i % d)
+    if len(set(out)) != len(out):
+        raise ValueError(f"{name} must not repeat a coordinate, got {spatial!r}.")
+    return tuple(out)
+
+
+def _directions(indices: Sequence[int], d: int, dtype) -> Array:
+    return jnp.asarray(np.eye(d)[list(indices)], dtype=dtype)
+
+
+def _output_info(fn, x: Array) -> tuple[int, bool]:
+    """Output size ``m`` and whether ``fn`` returns a scalar; checks the output type."""
+    if isinstance(fn, AbstractNeuralField) and fn.in_size != x.shape[0]:
+        raise ValueError(
+            f"x has dimension {x.shape[0]} but the model expects in_size={fn.in_size}."
+        )
+    try:
+        out = jax.eval_shape(fn, x)
+    except TypeError as err:
+        raise TypeError(f"fn could not be evaluated at a point of shape {x.shape}: {err}") from err
+    if not isinstance(out, jax.ShapeDtypeStruct):
+        raise TypeError(f"fn must return one array, got a {type(out).__name__}.")
+    if not jnp.issubdtype(out.dtype, jnp.floating):
+        raise TypeError(f"fn must return a floating-point array, got dtype {out.dtype}.")
+    if out.ndim > 1:
+        raise ValueError(
+            f"fn must return a scalar or a vector of shape (m,), got shape {out.shape}."
+        )
+    return (1 if out.ndim == 0 else out.shape[0]), out.ndim == 0
+
+
+def _component(component, m: int, scalar: bool, op: str, alternative: str | None) -> int | None:
+    """Resolve which output component a scalar-valued operator acts on."""
+    if component is None:
+        if scalar or m == 1:
+            return 0
+        hint = f" or use {alternative}" if alternative else ""
+        raise ValueError(
+            f"{op} needs a scalar output, but fn returns shape ({m},); "
+            f"pass component=i (0 <= i < {m}){hint}."
+        )
+    component = _as_index(component, "component")
+    if not -m <= component < m:
+        raise ValueError(f"component {component} is out of range for an output of size {m}.")
+    return component % m
+
+
+# ----------------------------------------------------------------------------- jets
+
+
+def _eqx_mlp_jet(mlp: eqx.nn.MLP, x, directions, form: Form, use_custom_vjp: bool) -> Jet:
+    first = mlp.layers[0]
+    pre = input_affine(first.weight, first.bias, x, directions, form)
+    steps = [(mlp.activation, lin) for lin in mlp.layers[1:]]
+    jet = _chain(pre, steps, form, use_custom_vjp)
+    return elementwise(mlp.final_activation, jet, form)
+
+
+def _is_layered(fn) -> bool:
+    if isinstance(fn, AbstractNeuralField):
+        return True
+    return isinstance(fn, eqx.nn.MLP) and isinstance(fn.in_size, int)
+
+
+def _generic(fn, x, directions, form: Form, use_custom_vjp: bool) -> Jet:
+    def vector_fn(f, y):
+        return jnp.reshape(f(y), (-1,))
+
+    if not use_custom_vjp:
+        return generic_jet(lambda y: vector_fn(fn, y), x, directions, form)
+    # Arrays held by fn (an Equinox module) and tracers it closes over become explicit inputs
+    # of the custom VJP, so gradients with respect to them flow through the recomputation.
+    params, static = eqx.partition(fn, eqx.is_inexact_array)
+
+    def pure(params, y):
+        f = eqx.combine(params, static)
+        return generic_jet(lambda z: vector_fn(f, z), y, directions, form)
+
+    converted, consts = jax.closure_convert(pure, params, x)
+
+    def block(args, y):
+        p, c = args
+        return converted(p, y, *c)
+
+    return recompute_block(block, (params, consts), x)
+
+
+def _jet(fn, x, indices, form: Form, use_custom_vjp: bool) -> Jet:
+    directions = _directions(indices, x.shape[0], x.dtype)
+    if isinstance(fn, AbstractNeuralField):
+        return fn.jet(x, directions, form, use_custom_vjp)
+    if _is_layered(fn):
+        return _eqx_mlp_jet(fn, x, directions, form, use_custom_vjp)
+    return _generic(fn, x, directions, form, use_custom_vjp)
+
+
+def _jacobian(fn, x, indices) -> tuple[Array, Array]:
+    """``(fn(x), J)`` with ``J[p] = d fn / d x_{indices[p]}`` of shape ``(k, m)``, forward mode."""
+    directions = _directions(indices, x.shape[0], x.dtype)
+
+    def vec(y):
+        return jnp.reshape(fn(y), (-1,))
+
+    values, jac = jax.vmap(lambda v: jax.jvp(vec, (x,), (v,)))(directions)
+    return values[0], jac
+
+
+# ----------------------------------------------------------------------------- operators
+
+
+def laplacian(
+    fn: PointFn, *, spatial: Spatial = None, component: int | None = None, custom_vjp: bool = True
+) -> Callable[[Float[Array, " d"]], Float[Array, ""]]:
+    """Laplacian of a scalar field over selected input coordinates, in forward mode.
+
+    .. math:: \\Delta u(x) = \\sum_{i \\in S} \\frac{\\partial^2 u}{\\partial x_i^2}(x)
+
+    Value, first derivatives and the Laplacian are pushed through ``fn`` in one forward pass
+    (the forward Laplacian of Li et al. 2023, arXiv:2307.08214) for physjax models and
+    ``equinox.nn.MLP``; any other function uses nested ``jax.jvp`` per direction. With
+    ``custom_vjp=True`` the VJP saves one input jet per layer (the whole input for a generic
+    function) and recomputes the rest in the backward pass.
+
+    Args:
+        fn: ``R^d -> R`` or ``R^d -> R^m`` (with ``component``); a physjax model, an Equinox
+            module or any jax-traceable callable of one point.
+        spatial: input coordinates ``S`` to differentiate over (default: all), e.g. ``(0, 1)``
+            for ``(x, y, t)`` inputs.
+        component: output component for vector-valued ``fn``.
+        custom_vjp: use the bounded-memory ``jax.custom_vjp`` (default). Set ``False`` for
+            forward-mode differentiation (``jax.jvp``) of the result.
+
+    Returns:
+        A function of one point ``x`` of shape ``(d,)`` returning a scalar; ``jax.vmap`` it
+        over points.
+    """
+    _check_callable(fn)
+
+    def apply(x: Float[Array, " d"]) -> Float[Array, ""]:
+        x = _check_point(x)
+        m, scalar = _output_info(fn, x)
+        c = _component(component, m, scalar, "laplacian", "vector_laplacian")
+        idx = _spatial_indices(spatial, x.shape[0])
+        return _jet(fn, x, idx, "trace", custom_vjp).second[c]
+
+    return apply
+
+
+def vector_laplacian(
+    fn: PointFn, *, spatial: Spatial = None, custom_vjp: bool = True
+) -> Callable[[Float[Array, " d"]], Float[Array, " m"]]:
+    """Laplacian of every output component, in one forward pass.
+
+    .. math:: (\\Delta u)_c(x) = \\sum_{i \\in S} \\partial^2 u_c / \\partial x_i^2
+
+    Args:
+        fn: ``R^d -> R^m``; see :func:`laplacian`.
+        spatial: input coordinates to differentiate over (default: all).
+        custom_vjp: see :func:`laplacian`.
+
+    Returns:
+        A function of one point returning shape ``(m,)`` (a scalar if ``fn`` is scalar).
+    """
+    _check_callable(fn)
+
+    def apply(x: Float[Array, " d"]) -> Float[Array, " m"]:
+        x = _check_point(x)
+        _, scalar = _output_info(fn, x)
+        idx = _spatial_indices(spatial, x.shape[0])
+        second = _jet(fn, x, idx, "trace", custom_vjp).second
+        return second[0] if scalar else second
+
+    return apply
+
+
+def hessian_diagonal(
+    fn: PointFn, *, spatial: Spatial = None, component: int | None = None, custom_vjp: bool = True
+) -> Callable[[Float[Array, " d"]], Float[Array, " k"]]:
+    """Unmixed second partials ``d^2 u / d x_i^2`` for ``i`` in ``spatial``, in forward mode.
+
+    Args:
+        fn, spatial, component, custom_vjp: see :func:`laplacian`.
+
+    Returns:
+        A function of one point returning shape ``(k,)``, ``k = len(spatial)``.
+    """
+    _check_callable(fn)
+
+    def apply(x: Float[Array, " d"]) -> Float[Array, " k"]:
+        x = _check_point(x)
+        m, scalar = _output_info(fn, x)
+        c = _component(component, m, scalar, "hessian_diagonal", None)
+        idx = _spatial_indices(spatial, x.shape[0])
+        return _jet(fn, x, idx, "diag", custom_vjp).second[:, c]
+
+    return apply
+
+
+def second_partial(
+    fn: PointFn, i: int, j: int, *, component: int | None = None, custom_vjp: bool = True
+) -> Callable[[Float[Array, " d"]], Float[Array, ""]]:
+    """One second partial derivative ``d^2 u / (d x_i d x_j)``, in forward mode.
+
+    Args:
+        fn, component, custom_vjp: see :func:`laplacian`.
+        i, j: input coordinates (``i == j`` gives an unmixed second derivative).
+
+    Returns:
+        A function of one point returning a scalar.
+    """
+    _check_callable(fn)
+    i = _as_index(i, "i")
+    j = _as_index(j, "j")
+
+    def apply(x: Float[Array, " d"]) -> Float[Array, ""]:
+        x = _check_point(x)
+        m, scalar = _output_info(fn, x)
+        c = _component(component, m, scalar, "second_partial", None)
+        (a,) = _spatial_indices(i, x.shape[0], "i")
+        (b,) = _spatial_indices(j, x.shape[0], "j")
+        if a == b:
+            return _jet(fn, x, (a,), "trace", custom_vjp).second[c]
+        return _jet(fn, x, (a, b), "mixed", custom_vjp).second[c]
+
+    return apply
+
+
+def gradient(
+    fn: PointFn, *, spatial: Spatial = None, component: int | None = None
+) -> Callable[[Float[Array, " d"]], Float[Array, " k"]]:
+    """Gradient of a scalar field over selected coordinates, ``(d u / d x_i)_{i in S}``.
+
+    Computed in forward mode (one ``jax.jvp`` per selected coordinate, batched).
+
+    Args:
+        fn, spatial, component: see :func:`laplacian`.
+
+    Returns:
+        A function of one point returning shape ``(k,)``.
+    """
+    _check_callable(fn)
+
+    def apply(x: Float[Array, " d"]) -> Float[Array, " k"]:
+        x = _check_point(x)
+        m, scalar = _output_info(fn, x)
+        c = _component(component, m, scalar, "gradient", None)
+        idx = _spatial_indices(spatial, x.shape[0])
+        return _jacobian(fn, x, idx)[1][:, c]
+
+    return apply
+
+
+def divergence(
+    fn: PointFn, *, spatial: Spatial = None
+) -> Callable[[Float[Array, " d"]], Float[Array, ""]]:
+    """Divergence of a vector field, ``sum_p d u_p / d x_{S_p}``.
+
+    Args:
+        fn: ``R^d -> R^k`` with ``k = len(spatial)``; component ``p`` is differentiated along
+            the ``p``-th selected coordinate.
+        spatial: input coordinates (default: all, then ``k == d``).
+
+    Returns:
+        A function of one point returning a scalar.
+    """
+    _check_callable(fn)
+
+    def apply(x: Float[Array, " d"]) -> Float[Array, ""]:
+        x = _check_point(x)
+        m, scalar = _output_info(fn, x)
+        idx = _spatial_indices(spatial, x.shape[0])
+        if scalar or m != len(idx):
+            shape = "()" if scalar else f"({m},)"
+            raise ValueError(
+                f"divergence needs fn to return {len(idx)} components (one per spatial "
+                f"coordinate {idx}), got shape {shape}."
+            )
+        return jnp.trace(_jacobian(fn, x, idx)[1])
+
+    return apply
+
+
+def time_derivative(
+    fn: PointFn, *, time_index: int = -1, component: int | None = None
+) -> Callable[[Float[Array, " d"]], Float[Array, "*m"]]:
+    """Partial derivative along the time coordinate, ``d u / d t``, by one ``jax.jvp``.
+
+    Args:
+        fn: ``R^d -> R`` or ``R^d -> R^m``.
+        time_index: which input coordinate is time (default: the last).
+        component: optional output component.
+
+    Returns:
+        A function of one point returning the output's shape (a scalar with ``component``).
+    """
+    _check_callable(fn)
+    time_index = _as_index(time_index, "time_index")
+
+    def apply(x: Float[Array, " d"]) -> Float[Array, "*m"]:
+        x = _check_point(x)
+        m, scalar = _output_info(fn, x)
+        (t,) = _spatial_indices(time_index, x.shape[0], "time_index")
+        dt = _jacobian(fn, x, (t,))[1][0]
+        if component is not None:
+            return dt[_component(component, m, scalar, "time_derivative", None)]
+        return dt[0] if scalar else dt
+
+    return apply
+
+
+def advection(
+    fn: PointFn,
+    velocity: Array | Callable[[Array], Array] | None = None,
+    *,
+    spatial: Spatial = None,
+    component: int | None = None,
+) -> Callable[[Float[Array, " d"]], Float[Array, "*m"]]:
+    """Advective derivative ``(v . grad) u``, one ``jax.jvp`` along ``v``.
+
+    Args:
+        fn: ``R^d -> R`` or ``R^d -> R^m``.
+        velocity: ``v`` over the spatial coordinates: an array ``(k,)``, a function of the
+            point returning ``(k,)``, or ``None`` for self-advection ``(u . grad) u``
+            (then ``fn`` must return ``k`` components).
+        spatial: spatial input coordinates (default: all).
+        component: optional output component.
+
+    Returns:
+        A function of one point returning the output's shape (a scalar with ``component``).
+    """
+    _check_callable(fn)
+    if velocity is not None and not callable(velocity):
+        velocity = jnp.asarray(velocity)
+
+    def apply(x: Float[Array, " d"]) -> Float[Array, "*m"]:
+        x = _check_point(x)
+        m, scalar = _output_info(fn, x)
+        idx = _spatial_indices(spatial, x.shape[0])
+        if velocity is None:
+            if scalar or m != len(idx):
+                raise ValueError(
+                    f"advection with velocity=None uses u itself and needs fn to return "
+                    f"{len(idx)} components, got output size {m}."
+                )
+            v = jnp.reshape(fn(x), (-1,))
+        else:
+            v = velocity(x) if callable(velocity) else velocity
+        if v.shape != (len(idx),):
+            raise ValueError(
+                f"velocity must have shape ({len(idx)},) (one entry per spatial coordinate), "
+                f"got {v.shape}."
+            )
+        tangent = jnp.zeros_like(x).at[jnp.asarray(idx)].set(v.astype(x.dtype))
+        out = jax.jvp(lambda y: jnp.reshape(fn(y), (-1,)), (x,), (tangent,))[1]
+        if component is not None:
+            return out[_component(component, m, scalar, "advection", None)]
+        return out[0] if scalar else out
+
+    return apply

@@ -1,0 +1,250 @@
+"""NetCDF4 (HDF5) output through h5netcdf: frames appended as a run goes, resumable.
+
+Layout of a physjax file:
+
+- dimensions ``time`` (unlimited), ``y``, ``x`` (and ``z``) for cell centres, and ``y_f``,
+  ``x_f`` (``z_f``) for the low faces of the cells, each with a coordinate variable carrying
+  ``axis`` and, on faces, xgcm's ``c_grid_axis_shift = -0.5``;
+- a ``grid`` variable with SGRID topology attributes;
+- data variables on their own location's dimensions, each with ``units``, ``long_name`` and
+  ``location``; a ``step`` variable (time step count of each frame);
+- global attributes: ``title``, ``case``, ``physjax_version``, ``status`` (``"running"``,
+  ``"complete"`` or ``"failed: …"``), ``configuration`` (the full run configuration as JSON)
+  and one ``parameter_<name>`` per physical parameter.
+
+Every frame is written by opening, appending and closing the file, so a crash or a kill
+between frames leaves a valid file holding every frame written so far.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import h5netcdf
+import numpy as np
+
+from .. import __version__
+from ..grids import Grid, Stagger
+
+STATUS_RUNNING = "running"
+STATUS_COMPLETE = "complete"
+
+
+@dataclasses.dataclass(frozen=True)
+class Variable:
+    """Metadata of one output variable.
+
+    - `name`: netCDF name, e.g. ``"h"``.
+    - `location`: stagger per grid axis, e.g. ``("centre", "face")`` for u on the C-grid.
+    - `units`: UDUNITS string, e.g. ``"m s-1"``.
+    - `long_name`: human-readable description.
+    - `time_dependent`: whether it has a leading ``time`` dimension (default True).
+    """
+
+    name: str
+    location: tuple[Stagger, ...]
+    units: str
+    long_name: str
+    time_dependent: bool = True
+
+
+def _dims(grid: Grid, location: Sequence[Stagger]) -> tuple[str, ...]:
+    return tuple(
+        name if s == "centre" else f"{name}_f" for name, s in zip(grid.axis_names, location)
+    )
+
+
+def _attr_value(v: Any) -> Any:
+    if isinstance(v, (bool, np.bool_)):
+        return int(v)
+    if isinstance(v, (int, float, str, np.integer, np.floating)):
+        return v
+    return json.dumps(v, default=str)
+
+
+def check_writable(path: str | os.PathLike) -> None:
+    """Raise ``ValueError`` if ``path`` cannot be created (missing or read-only folder, or a
+    folder in its place), without creating anything."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ValueError(f"output path {path!r} is a directory; give a file name like out.h5")
+    if not os.path.isdir(folder):
+        raise ValueError(f"output path {path!r}: folder {folder!r} does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ValueError(f"output path {path!r} is not writable")
+
+
+class NetCDFWriter:
+    """Writes frames of a run into a NetCDF4 file, one open–append–close per frame.
+
+    **Arguments:**
+
+    - `path`: the ``.h5``/``.nc`` file to create (overwritten if present).
+    - `grid`: the [`physjax.grids.Grid`][] of the fields.
+    - `variables`: the [`physjax.io.Variable`][]s to write.
+    - `attrs`: global attributes: ``case``, ``title``, ``parameters`` (a dict, also stored
+      one attribute per entry) and ``configuration`` (a dict, stored as JSON).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        grid: Grid,
+        variables: Sequence[Variable],
+        *,
+        attrs: Mapping[str, Any] | None = None,
+        _create: bool = True,
+    ):
+        self.path = os.fspath(path)
+        self.grid = grid
+        self.variables = {v.name: v for v in variables}
+        if _create:
+            check_writable(self.path)
+            self._create(dict(attrs or {}))
+
+    # ------------------------------------------------------------------ create
+    def _create(self, attrs: dict[str, Any]) -> None:
+        g = self.grid
+        dtype = np.dtype(g.dtype)
+        tmp = self.path + ".partial"
+        with h5netcdf.File(tmp, "w") as f:
+            dims: dict[str, int | None] = {"time": None}
+            for name, n in zip(g.axis_names, g.shape):
+                dims[name] = n
+                dims[f"{name}_f"] = n
+            f.dimensions = dims
+            t = f.create_variable("time", ("time",), "f8")
+            t.attrs.update(units="s", long_name="time since the start of the run", axis="T")
+            s = f.create_variable("step", ("time",), "i8")
+            s.attrs.update(units="1", long_name="number of time steps taken")
+            for name in g.axis_names:
+                for stagger in ("centre", "face"):
+                    dim = name if stagger == "centre" else f"{name}_f"
+                    c = f.create_variable(dim, (dim,), "f8", data=g.coordinates(name, stagger))
+                    c.attrs.update(
+                        units="m",
+                        long_name=f"{name} of cell {'centres' if stagger == 'centre' else 'low faces'}",
+                        axis=name.upper(),
+                    )
+                    if stagger == "face":
+                        c.attrs["c_grid_axis_shift"] = -0.5
+            topo = f.create_variable("grid", (), "i4")
+            names = list(reversed(g.axis_names))  # x, y(, z)
+            topo.attrs.update(
+                cf_role="grid_topology",
+                topology_dimension=g.ndim,
+                long_name="SGRID topology of the Arakawa C-grid",
+                units="1",
+                node_dimensions=" ".join(f"{n}_f" for n in names),
+                face_dimensions=" ".join(f"{n}: {n}_f (padding: none)" for n in names),
+                node_coordinates=" ".join(f"{n}_f" for n in names),
+            )
+            for v in self.variables.values():
+                vdims = _dims(g, v.location)
+                shape = tuple(g.shape)
+                if v.time_dependent:
+                    var = f.create_variable(v.name, ("time", *vdims), dtype, chunks=(1, *shape))
+                else:
+                    var = f.create_variable(v.name, vdims, dtype)
+                var.attrs.update(
+                    units=v.units,
+                    long_name=v.long_name,
+                    location="/".join(v.location),
+                    grid="grid",
+                )
+            f.attrs["title"] = str(attrs.pop("title", "physjax output"))
+            f.attrs["physjax_version"] = __version__
+            f.attrs["status"] = STATUS_RUNNING
+            f.attrs["Conventions"] = "CF-1.8 SGRID-0.3"
+            params = attrs.pop("parameters", {}) or {}
+            f.attrs["parameters"] = json.dumps(params, default=str)
+            for key, value in params.items():
+                f.attrs[f"parameter_{key}"] = _attr_value(value)
+            config = attrs.pop("configuration", None)
+            if config is not None:
+                f.attrs["configuration"] = json.dumps(config, default=str, sort_keys=True)
+            for key, value in attrs.items():
+                f.attrs[key] = _attr_value(value)
+        os.replace(tmp, self.path)
+
+    # ------------------------------------------------------------------ append
+    def append(self, time: float, step: int, fields: Mapping[str, Any]) -> int:
+        """Append one frame (every time-dependent variable) and return the frame count."""
+        missing = [n for n, v in self.variables.items() if v.time_dependent and n not in fields]
+        if missing:
+            raise ValueError(f"frame lacks variables {missing}")
+        with h5netcdf.File(self.path, "a") as f:
+            n = f.dimensions["time"].size
+            f.resize_dimension("time", n + 1)
+            f["time"][n] = float(time)
+            f["step"][n] = int(step)
+            for name, value in fields.items():
+                if name in self.variables and self.variables[name].time_dependent:
+                    f[name][n] = np.asarray(value)
+        return n + 1
+
+    def write_static(self, fields: Mapping[str, Any]) -> None:
+        """Write the variables that have no time dimension."""
+        with h5netcdf.File(self.path, "a") as f:
+            for name, value in fields.items():
+                f[name][...] = np.asarray(value)
+
+    def finish(self, status: str = STATUS_COMPLETE, **attrs: Any) -> None:
+        """Mark the file ``complete`` (or another status, e.g. ``"failed: …"``)."""
+        with h5netcdf.File(self.path, "a") as f:
+            f.attrs["status"] = status
+            for key, value in attrs.items():
+                f.attrs[key] = _attr_value(value)
+
+    # ------------------------------------------------------------------ resume
+    @classmethod
+    def reopen(cls, path: str | os.PathLike, grid: Grid, variables: Sequence[Variable]):
+        """A writer that appends to an existing file (for ``--resume``); marks it running."""
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise ValueError(f"cannot resume: {path!r} does not exist")
+        w = cls(path, grid, variables, _create=False)
+        with h5netcdf.File(path, "a") as f:
+            f.attrs["status"] = STATUS_RUNNING
+        return w
+
+
+def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
+    """Global attributes of a physjax file, with ``configuration``/``parameters`` decoded."""
+    path = os.fspath(path)
+    try:
+        with h5netcdf.File(path, "r") as f:
+            attrs = {k: _decode(v) for k, v in f.attrs.items()}
+            attrs["n_frames"] = f.dimensions["time"].size if "time" in f.dimensions else 0
+    except OSError as e:
+        raise ValueError(f"cannot read {path!r} as a NetCDF4/HDF5 file: {e}") from None
+    for key in ("configuration", "parameters"):
+        if isinstance(attrs.get(key), str):
+            attrs[key] = json.loads(attrs[key])
+    return attrs
+
+
+def _decode(v):
+    if isinstance(v, bytes):
+        return v.decode()
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
+
+
+def read_frame(path: str | os.PathLike, index: int = -1) -> dict[str, Any]:
+    """One frame of every time-dependent variable, plus ``time`` and ``step``."""
+    with h5netcdf.File(os.fspath(path), "r") as f:
+        n = f.dimensions["time"].size
+        if n == 0:
+            raise ValueError(f"{os.fspath(path)!r} holds no frame")
+        out = {}
+        for name, var in f.variables.items():
+            if var.dimensions and var.dimensions[0] == "time":
+                out[name] = np.asarray(var[index])
+        return out

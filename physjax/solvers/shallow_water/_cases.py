@@ -1,0 +1,327 @@
+"""Built-in shallow-water cases, each named for ``--case``.
+
+Every case is a function of the grid size and of physical parameters (SI units) with
+defaults; [`make_case`][] validates the parameters and returns a [`Case`][]: the model, its
+initial state and the run's default end time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ...grids import CENTRE, X_FACE, Y_FACE, Grid
+from ._model import ShallowWater, ShallowWaterState
+
+DAY = 86400.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """A ready-to-run problem.
+
+    - `name`: the case's name, e.g. ``"zonal-jet"``.
+    - `description`: one sentence.
+    - `model`: the [`physjax.solvers.ShallowWater`][] model.
+    - `state`: its initial [`physjax.solvers.ShallowWaterState`][].
+    - `t_end`: default end time [s].
+    - `parameters`: every parameter used, defaults filled in (recorded in output files).
+    """
+
+    name: str
+    description: str
+    model: ShallowWater
+    state: ShallowWaterState
+    t_end: float
+    parameters: dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class _CaseSpec:
+    build: Callable[..., tuple[ShallowWater, ShallowWaterState]]
+    description: str
+    shape: tuple[int, int]
+    defaults: dict[str, Any]
+
+
+def _positive(params: dict, *names: str) -> None:
+    for name in names:
+        value = params[name]
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"parameter {name} must be a finite number > 0, got {value!r}")
+
+
+def _nonnegative(params: dict, *names: str) -> None:
+    for name in names:
+        value = params[name]
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise ValueError(f"parameter {name} must be a finite number >= 0, got {value!r}")
+
+
+# ----------------------------------------------------------------- geostrophic adjustment
+def _geostrophic_adjustment(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
+    _positive(p, "mean_depth", "radius", "width", "gravity")
+    model = ShallowWater(grid, gravity=p["gravity"], coriolis=p["coriolis"])
+    y, x = grid.mesh_coordinates(CENTRE)
+    xc, yc = grid.origin[1] + grid.extent[1] / 2, grid.origin[0] + grid.extent[0] / 2
+    r = np.hypot(x - xc, y - yc)
+    h = p["mean_depth"] + p["step_height"] * 0.5 * (1 - np.tanh((r - p["radius"]) / p["width"]))
+    return model, model.initial_state(h)
+
+
+# -------------------------------------------------------------- balanced zonal jets
+def balanced_jet_thickness(
+    grid: Grid,
+    u_jet: np.ndarray,
+    *,
+    mean_depth: float,
+    gravity: float,
+    coriolis: float,
+    beta: float,
+) -> np.ndarray:
+    """Thickness profile h(y) that holds a zonal flow u(y) in *discrete* geostrophic balance.
+
+    With v = 0 and fields independent of x, the discrete v-equation of
+    [`physjax.solvers.ShallowWater`][] at each interior y-face ``j`` reads
+    ``q_j (U_j + U_{j-1})/2 + (B_j − B_{j−1})/dy = 0``; it is solved for ``h_j`` by Newton's
+    method, marching north from the southern row (float64), then shifted so the mean is
+    ``mean_depth`` by a second pass.
+    """
+    ny = grid.shape[0]
+    dy = grid.dy
+    y_face = grid.coordinates("y", "face")
+    f = coriolis + beta * (y_face - (grid.origin[0] + 0.5 * grid.extent[0]))
+    u = np.asarray(u_jet, dtype=np.float64)
+
+    def march(h0: float) -> np.ndarray:
+        h = np.empty(ny)
+        h[0] = h0
+        for j in range(1, ny):
+            zeta = -(u[j] - u[j - 1]) / dy
+            a = f[j] + zeta
+            hp, up, uj = h[j - 1], u[j - 1], u[j]
+            dk = 0.5 * (uj**2 - up**2)
+
+            def F(hj):
+                return a * (hj * uj + hp * up) / (hj + hp) + (gravity * (hj - hp) + dk) / dy
+
+            hj = hp
+            for _ in range(50):
+                eps = 1e-7 * max(abs(hj), 1.0)
+                dF = (F(hj + eps) - F(hj - eps)) / (2 * eps)
+                step = F(hj) / dF
+                hj -= step
+                if abs(step) <= 1e-15 * abs(hj):
+                    break
+            h[j] = hj
+        return h
+
+    h = march(mean_depth)
+    h = march(mean_depth - (h.mean() - mean_depth))
+    return np.broadcast_to(h[:, None], grid.shape).copy()
+
+
+def _jet_profile(grid: Grid, p: dict) -> np.ndarray:
+    y = grid.coordinates("y", "centre") - (grid.origin[0] + 0.5 * grid.extent[0])
+    return p["jet_speed"] / np.cosh(y / p["jet_width"]) ** 2
+
+
+def _zonal_jet(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
+    _positive(p, "mean_depth", "jet_width", "gravity")
+    u1 = _jet_profile(grid, p)
+    h = balanced_jet_thickness(
+        grid, u1, mean_depth=p["mean_depth"], gravity=p["gravity"],
+        coriolis=p["coriolis"], beta=p["beta"],
+    )
+    model = ShallowWater(grid, gravity=p["gravity"], coriolis=p["coriolis"], beta=p["beta"])
+    u = np.broadcast_to(u1[:, None], grid.shape)
+    return model, model.initial_state(h, u)
+
+
+def _barotropic_instability(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
+    _positive(p, "mean_depth", "jet_width", "gravity")
+    _nonnegative(p, "viscosity", "perturbation")
+    u1 = _jet_profile(grid, p)
+    h = balanced_jet_thickness(
+        grid, u1, mean_depth=p["mean_depth"], gravity=p["gravity"],
+        coriolis=p["coriolis"], beta=p["beta"],
+    )
+    # A small height bump along the jet axis, made of zonal modes 3-6 with fixed phases.
+    y, x = grid.mesh_coordinates(CENTRE)
+    yc = y - (grid.origin[0] + 0.5 * grid.extent[0])
+    kx = 2 * np.pi / grid.extent[1]
+    wave = sum(np.cos(m * kx * x + 0.7 * m) for m in (3, 4, 5, 6)) / 4
+    dh = np.ptp(h)
+    h = h + p["perturbation"] * dh * wave * np.exp(-((yc / p["jet_width"]) ** 2))
+    model = ShallowWater(
+        grid, gravity=p["gravity"], coriolis=p["coriolis"], beta=p["beta"],
+        viscosity=p["viscosity"],
+    )
+    u = np.broadcast_to(u1[:, None], grid.shape)
+    return model, model.initial_state(h, u)
+
+
+# ---------------------------------------------------------------------- gravity wave
+def gravity_wave_mode(grid: Grid, *, mean_depth, gravity, coriolis, mode_x, mode_y):
+    """Wavenumbers, frequency and complex amplitudes (h, u, v) per unit height amplitude of
+    the discrete C-grid Poincaré wave travelling towards +k on ``grid`` (linearised, f-plane).
+
+    ω² = f² cos²(kΔx/2) cos²(lΔy/2) + 4gH [sin²(kΔx/2)/Δx² + sin²(lΔy/2)/Δy²].
+    """
+    k = 2 * np.pi * mode_x / grid.extent[1]
+    l = 2 * np.pi * mode_y / grid.extent[0]
+    sx, sy = 2 * np.sin(k * grid.dx / 2) / grid.dx, 2 * np.sin(l * grid.dy / 2) / grid.dy
+    fc = coriolis * np.cos(k * grid.dx / 2) * np.cos(l * grid.dy / 2)
+    H, g = mean_depth, gravity
+    # d/dt (h, u, v) = M (h, u, v), each amplitude referred to its own grid points.
+    M = np.array(
+        [[0, -1j * H * sx, -1j * H * sy], [-1j * g * sx, 0, fc], [-1j * g * sy, -fc, 0]]
+    )
+    lam, vec = np.linalg.eig(M)
+    idx = int(np.argmin(lam.imag))  # λ = −iω with ω > 0: e^{i(kx + ly − ωt)}
+    a = vec[:, idx] / vec[0, idx]
+    omega = -lam[idx].imag
+    return k, l, omega, a
+
+
+def _gravity_wave(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
+    _positive(p, "mean_depth", "gravity")
+    model = ShallowWater(grid, gravity=p["gravity"], coriolis=p["coriolis"])
+    k, l, _, a = gravity_wave_mode(
+        grid, mean_depth=p["mean_depth"], gravity=p["gravity"], coriolis=p["coriolis"],
+        mode_x=p["mode_x"], mode_y=p["mode_y"],
+    )
+    fields = []
+    for amp, loc in zip(a, (CENTRE, X_FACE, Y_FACE)):
+        y, x = grid.mesh_coordinates(loc)
+        fields.append(np.real(p["amplitude"] * amp * np.exp(1j * (k * x + l * y))))
+    h, u, v = fields
+    return model, model.initial_state(p["mean_depth"] + h, u, v)
+
+
+# ------------------------------------------------------------------------- wind gyre
+def _wind_gyre(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
+    _positive(p, "mean_depth", "gravity", "density")
+    _nonnegative(p, "viscosity", "drag")
+    y, _ = grid.mesh_coordinates(X_FACE)
+    tau_x = -p["wind_stress"] * np.cos(np.pi * (y - grid.origin[0]) / grid.extent[0])
+    model = ShallowWater(
+        grid, gravity=p["gravity"], coriolis=p["coriolis"], beta=p["beta"],
+        drag=p["drag"], viscosity=p["viscosity"], density=p["density"],
+        wind_stress=(tau_x, np.zeros(grid.shape)), boundary=p["boundary"],
+    )
+    return model, model.initial_state(np.full(grid.shape, p["mean_depth"]))
+
+
+_COMMON = {"gravity": 9.81, "coriolis": 1e-4}
+
+CASES: dict[str, _CaseSpec] = {
+    "geostrophic-adjustment": _CaseSpec(
+        _geostrophic_adjustment,
+        "a circular height step on a doubly periodic f-plane adjusts to a geostrophic vortex, "
+        "radiating inertia-gravity waves",
+        (128, 128),
+        {**_COMMON, "Lx": 2000e3, "Ly": 2000e3, "mean_depth": 100.0, "step_height": 10.0,
+         "radius": 250e3, "width": 30e3, "t_end": 2 * DAY},
+    ),
+    "zonal-jet": _CaseSpec(
+        _zonal_jet,
+        "a Bickley jet in a periodic channel held in discrete geostrophic balance: it stays "
+        "steady to round-off",
+        (64, 128),
+        {**_COMMON, "beta": 0.0, "Lx": 4000e3, "Ly": 2000e3, "mean_depth": 1000.0,
+         "jet_speed": 5.0, "jet_width": 300e3, "t_end": 20 * np.pi / 1e-4},
+    ),
+    "barotropic-instability": _CaseSpec(
+        _barotropic_instability,
+        "an unstable Bickley jet in a periodic beta-plane channel rolls up into eddies",
+        (128, 256),
+        {**_COMMON, "beta": 1.6e-11, "Lx": 6000e3, "Ly": 3000e3, "mean_depth": 1000.0,
+         "jet_speed": 20.0, "jet_width": 250e3, "perturbation": 0.02, "viscosity": 2000.0,
+         "t_end": 8 * DAY},
+    ),
+    "gravity-wave": _CaseSpec(
+        _gravity_wave,
+        "a small-amplitude inertia-gravity (Poincaré) wave, the exact discrete eigenmode, "
+        "on a doubly periodic f-plane",
+        (64, 64),
+        {**_COMMON, "Lx": 1000e3, "Ly": 1000e3, "mean_depth": 100.0, "amplitude": 0.01,
+         "mode_x": 2, "mode_y": 1, "t_end": DAY},
+    ),
+    "wind-gyre": _CaseSpec(
+        _wind_gyre,
+        "a closed reduced-gravity basin on a beta-plane spun up by a zonal wind stress: a "
+        "subtropical gyre with a western boundary current",
+        (128, 128),
+        {"gravity": 0.02, "coriolis": 1e-4, "beta": 2e-11, "Lx": 2000e3, "Ly": 2000e3,
+         "mean_depth": 500.0, "wind_stress": 0.1, "density": 1025.0, "drag": 1e-7,
+         "viscosity": 500.0, "boundary": "free-slip", "t_end": 180 * DAY},
+    ),
+}
+
+#: Whether each case's axes are ``(periodic_y, periodic_x)``.
+_PERIODIC = {
+    "geostrophic-adjustment": (True, True),
+    "zonal-jet": (False, True),
+    "barotropic-instability": (False, True),
+    "gravity-wave": (True, True),
+    "wind-gyre": (False, False),
+}
+
+
+def make_case(
+    name: str = "geostrophic-adjustment",
+    *,
+    nx: int | None = None,
+    ny: int | None = None,
+    precision: str = "float32",
+    **parameters: Any,
+) -> Case:
+    """Build the named case on an ``ny × nx`` grid.
+
+    **Arguments:**
+
+    - `name`: one of ``CASES``: ``geostrophic-adjustment`` (default), ``zonal-jet``,
+      ``barotropic-instability``, ``gravity-wave``, ``wind-gyre``.
+    - `nx`, `ny`: cells per axis (defaults per case).
+    - `precision`: ``"float32"`` or ``"float64"`` (float64 needs ``jax_enable_x64``).
+    - `parameters`: overrides of the case's physical parameters (see ``CASES[name].defaults``),
+      e.g. ``mean_depth=500.0``; ``Lx``/``Ly`` set the domain [m] and ``t_end`` the default
+      end time [s].
+    """
+    if name not in CASES:
+        raise ValueError(f"unknown case {name!r}: choose one of {', '.join(CASES)}")
+    spec = CASES[name]
+    unknown = sorted(set(parameters) - set(spec.defaults))
+    if unknown:
+        raise ValueError(
+            f"unknown parameter(s) {unknown} for case {name!r}; allowed: "
+            f"{', '.join(sorted(spec.defaults))}"
+        )
+    if precision not in ("float32", "float64"):
+        raise ValueError(f"precision must be 'float32' or 'float64', got {precision!r}")
+    if precision == "float64":
+        import jax
+
+        if not jax.config.jax_enable_x64:
+            raise ValueError(
+                "precision='float64' needs jax_enable_x64: call "
+                "jax.config.update('jax_enable_x64', True) first"
+            )
+    p = {**spec.defaults, **parameters}
+    if "mean_depth" in p and not (isinstance(p["mean_depth"], (int, float)) and p["mean_depth"] > 0):
+        raise ValueError(f"parameter mean_depth must be > 0 (metres), got {p['mean_depth']!r}")
+    ny = spec.shape[0] if ny is None else ny
+    nx = spec.shape[1] if nx is None else nx
+    for axis, n in (("nx", nx), ("ny", ny)):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"grid size {axis} must be a positive integer, got {n!r}")
+    _positive(p, "Lx", "Ly", "t_end")
+    grid = Grid((ny, nx), (p["Ly"], p["Lx"]), periodic=_PERIODIC[name], dtype=precision)
+    model, state = spec.build(grid, p)
+    params = {"nx": int(nx), "ny": int(ny), "precision": precision, **p}
+    return Case(name, spec.description, model, state, float(p["t_end"]), params)

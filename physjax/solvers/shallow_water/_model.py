@@ -1,0 +1,404 @@
+"""The rotating nonlinear shallow-water equations on an Arakawa C-grid."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike, Float
+
+from ...grids import (
+    CENTRE,
+    X_FACE,
+    Y_FACE,
+    Grid,
+    diff_x_c2f,
+    diff_x_f2c,
+    diff_y_c2f,
+    diff_y_f2c,
+    fill_halo,
+    interior,
+    interp_x_c2f,
+    interp_x_f2c,
+    interp_y_c2f,
+    interp_y_f2c,
+)
+from ...parallel import shard_map_fields
+from .._time_stepping import SCHEMES, advance, integrate, integrate_diffrax, scheme
+
+Field2D = Float[Array, "ny nx"]
+Boundary = Literal["free-slip", "no-slip"]
+
+
+class ShallowWaterState(eqx.Module):
+    """Prognostic fields of [`physjax.solvers.ShallowWater`][], each ``(ny, nx)``.
+
+    - `h`: layer thickness [m] at cell centres.
+    - `u`: x-velocity [m/s] on x-faces (``u[j, i]`` on the west face of cell ``(j, i)``).
+    - `v`: y-velocity [m/s] on y-faces (``v[j, i]`` on the south face of cell ``(j, i)``).
+    """
+
+    h: Field2D
+    u: Field2D
+    v: Field2D
+
+
+class ShallowWaterSolution(eqx.Module):
+    """Frames of a run.
+
+    - `ts`: times [s] of the frames, shape ``(n_frames,)``.
+    - `states`: a [`physjax.solvers.ShallowWaterState`][] whose fields have a leading
+      ``n_frames`` axis.
+    """
+
+    ts: Float[Array, " n_frames"]
+    states: ShallowWaterState
+
+
+def _scalar(x, dtype):
+    return jnp.asarray(x, dtype=dtype)
+
+
+class ShallowWater(eqx.Module):
+    r"""Rotating nonlinear shallow-water equations in vector-invariant form.
+
+    $$\partial_t h + \nabla\cdot(h\mathbf{u}) = 0,$$
+    $$\partial_t \mathbf{u} + q\,\hat{\mathbf{z}}\times h\mathbf{u}
+      + \nabla\big(g(h + b) + \tfrac12|\mathbf{u}|^2\big)
+      = \frac{\boldsymbol{\tau}}{\rho_0 h} - r\,\mathbf{u} + \nu\nabla^2\mathbf{u},
+      \qquad q = \frac{f + \zeta}{h},\ f = f_0 + \beta (y - y_{\rm mid}).$$
+
+    Discretised on the Arakawa C-grid (``h`` at centres, ``u`` on x-faces, ``v`` on y-faces,
+    potential vorticity ``q`` at corners) with the energy-conserving scheme of Sadourny
+    (1975), DOI 10.1175/1520-0469(1975)032<0680:TDAOSW>2.0.CO;2: the Coriolis/vorticity term
+    is $\overline{q\,\overline{V}^x}^y$ in the u-equation and $-\overline{q\,\overline{U}^y}^x$
+    in the v-equation, with mass fluxes $U = \overline{h}^x u$, $V = \overline{h}^y v$ and
+    kinetic energy $K = \tfrac12(\overline{u^2}^x + \overline{v^2}^y)$. Mass is conserved to
+    round-off and, without forcing and dissipation, the semi-discrete total energy
+    $\sum h K + \tfrac12 g h^2 + g h b$ exactly.
+
+    **Arguments** (physical parameters are keyword-only, SI units, and become differentiable
+    array leaves):
+
+    - `grid`: a 2-D [`physjax.grids.Grid`][]; its ``periodic`` flags choose periodic or walled
+      axes.
+    - `gravity`: g [m s⁻²] (default 9.81; use a reduced gravity for a 1½-layer ocean).
+    - `coriolis`: f₀ [s⁻¹] at mid-domain (default 1e-4).
+    - `beta`: β = df/dy [m⁻¹ s⁻¹] (default 0, an f-plane).
+    - `bottom`: bottom height b [m] at cell centres, ``(ny, nx)`` (default none: flat).
+    - `drag`: linear drag coefficient r [s⁻¹] (default none: the term is not computed).
+    - `viscosity`: Laplacian viscosity ν [m² s⁻¹] (default none: not computed). Any value
+      given, even 0, is kept as a differentiable leaf.
+    - `wind_stress`: ``(tau_x, tau_y)`` [N m⁻²] on x- and y-faces (default none).
+    - `density`: reference density ρ₀ [kg m⁻³] of the wind-stress term (default 1025).
+    - `boundary`: ``"free-slip"`` (default) or ``"no-slip"`` at walls.
+    - `scheme`: fixed-step time scheme, ``"ssprk3"`` (default) or ``"rk4"``.
+
+    The model works on one sample; use ``jax.vmap`` for ensembles.
+    """
+
+    grid: Grid
+    gravity: Array
+    coriolis: Array
+    beta: Array
+    bottom: Field2D | None
+    drag: Array | None
+    viscosity: Array | None
+    wind_stress: tuple[Field2D, Field2D] | None
+    density: Array
+    boundary: str = eqx.field(static=True)
+    scheme: str = eqx.field(static=True)
+
+    def __init__(
+        self,
+        grid: Grid,
+        *,
+        gravity: ArrayLike = 9.81,
+        coriolis: ArrayLike = 1e-4,
+        beta: ArrayLike = 0.0,
+        bottom: ArrayLike | None = None,
+        drag: ArrayLike | None = None,
+        viscosity: ArrayLike | None = None,
+        wind_stress: tuple[ArrayLike, ArrayLike] | None = None,
+        density: ArrayLike = 1025.0,
+        boundary: Boundary = "free-slip",
+        scheme: str = "ssprk3",
+    ):
+        if not isinstance(grid, Grid) or grid.ndim != 2:
+            raise TypeError(f"grid must be a 2-D physjax.grids.Grid, got {grid!r}")
+        if boundary not in ("free-slip", "no-slip"):
+            raise ValueError(f"boundary must be 'free-slip' or 'no-slip', got {boundary!r}")
+        if scheme not in SCHEMES or scheme == "euler":
+            raise ValueError(f"scheme must be 'ssprk3' or 'rk4', got {scheme!r}")
+        dt = grid.dtype
+        for name, value in (("gravity", gravity), ("density", density)):
+            if _is_concrete(value) and not float(value) > 0:
+                raise ValueError(f"{name} must be > 0, got {value}")
+        for name, value in (("drag", drag), ("viscosity", viscosity)):
+            if value is not None and _is_concrete(value) and not float(value) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        self.grid = grid
+        self.gravity = _scalar(gravity, dt)
+        self.coriolis = _scalar(coriolis, dt)
+        self.beta = _scalar(beta, dt)
+        self.drag = None if drag is None else _scalar(drag, dt)
+        self.viscosity = None if viscosity is None else _scalar(viscosity, dt)
+        self.density = _scalar(density, dt)
+        if bottom is not None:
+            bottom = jnp.asarray(bottom, dtype=dt)
+            _check_field("bottom", bottom, grid)
+        self.bottom = bottom
+        if wind_stress is not None:
+            tx, ty = (jnp.asarray(w, dtype=dt) for w in wind_stress)
+            _check_field("wind_stress[0] (tau_x)", tx, grid)
+            _check_field("wind_stress[1] (tau_y)", ty, grid)
+            wind_stress = (tx, ty)
+        self.wind_stress = wind_stress
+        self.boundary = boundary
+        self.scheme = scheme
+
+    # ---------------------------------------------------------------- set-up
+    def initial_state(
+        self, h: ArrayLike, u: ArrayLike | None = None, v: ArrayLike | None = None
+    ) -> ShallowWaterState:
+        """A state from thickness and velocities (zeros when omitted), checked and with the
+        normal velocity set to zero on walls. Raises if the thickness is not positive."""
+        g = self.grid
+        h = jnp.asarray(h, dtype=g.dtype)
+        u = jnp.zeros(g.shape, g.dtype) if u is None else jnp.asarray(u, dtype=g.dtype)
+        v = jnp.zeros(g.shape, g.dtype) if v is None else jnp.asarray(v, dtype=g.dtype)
+        for name, f in (("h", h), ("u", u), ("v", v)):
+            _check_field(name, f, g)
+        if _is_concrete(h):
+            hmin = float(jnp.min(h))
+            if not hmin > 0:
+                raise ValueError(
+                    f"layer thickness h must be > 0 everywhere (mean depth and anomalies), "
+                    f"got a minimum of {hmin:g} m"
+                )
+        if not g.periodic[1]:
+            u = u.at[:, 0].set(0)
+        if not g.periodic[0]:
+            v = v.at[0, :].set(0)
+        return ShallowWaterState(h=h, u=u, v=v)
+
+    def coriolis_at(self, y: Array) -> Array:
+        """f = f₀ + β (y − y_mid) at coordinates ``y`` [m]."""
+        g = self.grid
+        y_mid = g.origin[0] + 0.5 * g.extent[0]
+        return self.coriolis + self.beta * (y - y_mid)
+
+    # ----------------------------------------------------------------- physics
+    def _tangential_parity(self) -> int:
+        return 1 if self.boundary == "free-slip" else -1
+
+    def rhs(self, state: ShallowWaterState, t: ArrayLike = 0.0) -> ShallowWaterState:
+        """Tendencies ``(∂h/∂t, ∂u/∂t, ∂v/∂t)`` at time ``t`` [s]."""
+        g = self.grid
+        p = self._tangential_parity()
+        h = fill_halo(state.h, g, CENTRE)
+        u = fill_halo(state.u, g, X_FACE, parity=(p, -1))
+        v = fill_halo(state.v, g, Y_FACE, parity=(-1, p))
+        y_corner = g.local_coordinates("y", "face", padded=True)[:, None]
+        f = self.coriolis_at(y_corner)
+
+        U = interp_x_c2f(h) * u
+        V = interp_y_c2f(h) * v
+        zeta = diff_x_c2f(v, g) - diff_y_c2f(u, g)
+        q = (f + zeta) / interp_y_c2f(interp_x_c2f(h))
+        kinetic = 0.5 * (interp_x_f2c(u * u) + interp_y_f2c(v * v))
+        surface = h if self.bottom is None else h + fill_halo(self.bottom, g, CENTRE)
+        bernoulli = self.gravity * surface + kinetic
+
+        dh = -(diff_x_f2c(U, g) + diff_y_f2c(V, g))
+        du = interp_y_f2c(q * interp_x_c2f(V)) - diff_x_c2f(bernoulli, g)
+        dv = -interp_x_f2c(q * interp_y_c2f(U)) - diff_y_c2f(bernoulli, g)
+        if self.viscosity is not None:
+            # ∇²u with the wall conditions (free- or no-slip) held by the halo.
+            lap_u = diff_x_c2f(diff_x_f2c(u, g), g) + diff_y_f2c(diff_y_c2f(u, g), g)
+            lap_v = diff_x_f2c(diff_x_c2f(v, g), g) + diff_y_c2f(diff_y_f2c(v, g), g)
+            du = du + self.viscosity * lap_u
+            dv = dv + self.viscosity * lap_v
+
+        dh, du, dv = interior(dh, g), interior(du, g), interior(dv, g)
+        if self.drag is not None:
+            du = du - self.drag * state.u
+            dv = dv - self.drag * state.v
+        if self.wind_stress is not None:
+            hc = interior(h, g)
+            h_u = 0.5 * (hc + interior(jnp.roll(h, 1, axis=1), g))
+            h_v = 0.5 * (hc + interior(jnp.roll(h, 1, axis=0), g))
+            du = du + self.wind_stress[0] / (self.density * h_u)
+            dv = dv + self.wind_stress[1] / (self.density * h_v)
+        if not g.periodic[1]:
+            du = jnp.where(g.local_index(1)[None, :] == 0, 0, du)
+        if not g.periodic[0]:
+            dv = jnp.where(g.local_index(0)[:, None] == 0, 0, dv)
+        return ShallowWaterState(h=dh, u=du, v=dv)
+
+    def step(self, state: ShallowWaterState, t: ArrayLike, dt: ArrayLike) -> ShallowWaterState:
+        """One step of the fixed-step scheme."""
+        return scheme(self.scheme)(self.rhs, state, t, dt)
+
+    # -------------------------------------------------------------- diagnostics
+    def mass(self, state: ShallowWaterState) -> Array:
+        """Total volume Σ h ΔA [m³]."""
+        return jnp.sum(state.h) * self.grid.cell_volume
+
+    def energy(self, state: ShallowWaterState) -> Array:
+        """Total energy per unit density Σ (h K + ½ g h² + g h b) ΔA [m⁵ s⁻²], the quantity the
+        scheme conserves."""
+        g = self.grid.unsharded()
+        u = fill_halo(state.u, g, X_FACE, parity=(self._tangential_parity(), -1))
+        v = fill_halo(state.v, g, Y_FACE, parity=(-1, self._tangential_parity()))
+        kinetic = interior(0.5 * (interp_x_f2c(u * u) + interp_y_f2c(v * v)), g)
+        pe = 0.5 * self.gravity * state.h**2
+        if self.bottom is not None:
+            pe = pe + self.gravity * state.h * self.bottom
+        return jnp.sum(state.h * kinetic + pe) * g.cell_volume
+
+    def relative_vorticity(self, state: ShallowWaterState) -> Field2D:
+        """ζ = ∂v/∂x − ∂u/∂y [s⁻¹] at cell corners (``(j, i)`` at the south-west corner)."""
+        g = self.grid.unsharded()
+        p = self._tangential_parity()
+        u = fill_halo(state.u, g, X_FACE, parity=(p, -1))
+        v = fill_halo(state.v, g, Y_FACE, parity=(-1, p))
+        return interior(diff_x_c2f(v, g) - diff_y_c2f(u, g), g)
+
+    def potential_vorticity(self, state: ShallowWaterState) -> Field2D:
+        """q = (f + ζ)/h [m⁻¹ s⁻¹] at cell corners."""
+        g = self.grid.unsharded()
+        h = fill_halo(state.h, g, CENTRE)
+        h_corner = interior(interp_y_c2f(interp_x_c2f(h)), g)
+        y = jnp.asarray(g.coordinates("y", "face"), g.dtype)[:, None]
+        return (self.coriolis_at(y) + self.relative_vorticity(state)) / h_corner
+
+    def max_stable_dt(self, state: ShallowWaterState, cfl: float = 1.0) -> float:
+        """Largest stable time step [s] of the fixed-step scheme, times ``cfl``.
+
+        Gravity waves on the C-grid reach ω = (c + |u|)·2·√(1/dx² + 1/dy²); the scheme is
+        stable for ω dt up to its imaginary-axis limit (√3 for SSP-RK3). Viscosity adds
+        dt ≤ limit / (4ν(1/dx² + 1/dy²)). Needs concrete (non-traced) values.
+        """
+        g = self.grid
+        inv = math.sqrt(1 / g.dx**2 + 1 / g.dy**2)
+        depth = float(jnp.max(state.h))
+        speed = float(jnp.maximum(jnp.max(jnp.abs(state.u)), jnp.max(jnp.abs(state.v))))
+        c = math.sqrt(float(self.gravity) * depth) + speed
+        limit = SCHEMES[self.scheme][2]
+        dt = limit / (2 * c * inv)
+        nu = 0.0 if self.viscosity is None else float(self.viscosity)
+        if nu > 0:
+            dt = min(dt, limit / (4 * nu * inv**2))
+        f = abs(float(self.coriolis)) + abs(float(self.beta)) * g.extent[0] / 2
+        if f > 0:
+            dt = min(dt, limit / f)
+        return cfl * dt
+
+    def check_dt(self, state: ShallowWaterState, dt: float) -> None:
+        """Raise ``ValueError`` when ``dt`` is not positive or breaks the CFL limit."""
+        if not (isinstance(dt, (int, float, np.floating)) and math.isfinite(dt) and dt > 0):
+            raise ValueError(f"dt must be a finite number > 0 (seconds), got {dt!r}")
+        limit = self.max_stable_dt(state)
+        if dt > limit:
+            raise ValueError(
+                f"dt={dt:g} s breaks the CFL stability limit of the {self.scheme} scheme on this "
+                f"grid and state: allowed 0 < dt <= {limit:.4g} s (CFL number "
+                f"{dt / limit:.2f} > 1); lower --dt or give --cfl instead"
+            )
+
+    # ----------------------------------------------------------------- running
+    def run(
+        self,
+        state: ShallowWaterState,
+        *,
+        dt: float,
+        n_steps: int,
+        save_every: int | None = None,
+        t0: float = 0.0,
+        mesh: jax.sharding.Mesh | None = None,
+    ) -> ShallowWaterSolution:
+        """Advance ``n_steps`` fixed steps of size ``dt`` [s] in compiled ``lax.scan`` loops,
+        returning a frame every ``save_every`` steps (default: only the last).
+
+        With a ``mesh`` from [`physjax.parallel.make_mesh`][] the run is split over its
+        devices by ``shard_map`` with halo exchange; the result equals the one-device run.
+        ``dt`` is checked against the CFL limit when the state is concrete.
+        """
+        save_every = n_steps if save_every is None else save_every
+        _check_counts(n_steps, save_every)
+        if _is_concrete(state.h) and not isinstance(dt, jax.core.Tracer):
+            self.check_dt(state, float(dt))
+        n_frames = n_steps // save_every
+        frames = _run_frames(self, state, t0, dt, n_frames, save_every, mesh)
+        ts = t0 + dt * save_every * jnp.arange(1, n_frames + 1, dtype=self.grid.dtype)
+        return ShallowWaterSolution(ts=ts, states=frames)
+
+    def advance(
+        self,
+        state: ShallowWaterState,
+        *,
+        t0: ArrayLike,
+        dt: ArrayLike,
+        n_steps: int,
+        mesh: jax.sharding.Mesh | None = None,
+    ) -> ShallowWaterState:
+        """The state after ``n_steps`` fixed steps from time ``t0`` (compiled once per
+        ``n_steps`` and mesh); the building block of chunked runs that write as they go."""
+        _check_counts(n_steps, n_steps)
+        return _advance(self, state, t0, dt, n_steps, mesh)
+
+    def solve_diffrax(self, state: ShallowWaterState, t0: float, t1: float, **kwargs):
+        """Integrate with diffrax (adaptive Tsit5 with a PID controller by default); keyword
+        arguments go to [`physjax.solvers.integrate_diffrax`][] (``solver``, ``saveat``,
+        ``rtol``, ``atol``, ``stepsize_controller``, ``adjoint``, ``dt0``, ``max_steps``)."""
+        return integrate_diffrax(self.rhs, state, t0, t1, **kwargs)
+
+
+def _is_concrete(x) -> bool:
+    return not isinstance(x, jax.core.Tracer)
+
+
+def _check_field(name: str, f: Array, grid: Grid) -> None:
+    if tuple(f.shape) != grid.shape:
+        raise ValueError(f"{name} must have the grid shape (ny, nx)={grid.shape}, got {f.shape}")
+
+
+def _check_counts(n_steps, save_every) -> None:
+    for name, n in (("n_steps", n_steps), ("save_every", save_every)):
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
+            raise ValueError(f"{name} must be a positive integer, got {n!r}")
+    if n_steps % save_every:
+        raise ValueError(
+            f"n_steps={n_steps} must be a multiple of save_every={save_every}"
+        )
+
+
+def _with_grid(model: ShallowWater, grid: Grid) -> ShallowWater:
+    return eqx.tree_at(lambda m: m.grid, model, grid)
+
+
+@eqx.filter_jit
+def _advance(model, state, t0, dt, n_steps, mesh):
+    def body(grid, model, state, t0, dt):
+        model = _with_grid(model, grid)
+        return advance(model.step, state, t0, dt, n_steps)
+
+    t0 = jnp.asarray(t0, model.grid.dtype)
+    dt = jnp.asarray(dt, model.grid.dtype)
+    return shard_map_fields(body, model.grid, mesh)(model, state, t0, dt)
+
+
+@eqx.filter_jit
+def _run_frames(model, state, t0, dt, n_frames, save_every, mesh):
+    def body(grid, model, state, t0, dt):
+        model = _with_grid(model, grid)
+        return integrate(model.step, state, t0, dt, n_frames, save_every)
+
+    t0 = jnp.asarray(t0, model.grid.dtype)
+    dt = jnp.asarray(dt, model.grid.dtype)
+    return shard_map_fields(body, model.grid, mesh)(model, state, t0, dt)
