@@ -54,10 +54,17 @@ def input_jet(x: Array, directions: Array, form: Form) -> Jet:
 
 def affine(weight: Array, bias: Array | None, jet: Jet) -> Jet:
     """Jet of ``weight @ h + bias``: every component maps linearly."""
-    value = weight @ jet.value
-    if bias is not None:
-        value = value + bias
-    return Jet(value, jet.jac @ weight.T, jet.second @ weight.T)
+    # One matmul for all rows (value, k Jacobian rows, second-order rows): under vmap this is
+    # a single GEMM with N * (k + 2) rows, forward and backward.
+    k = jet.jac.shape[0]
+    rows = jnp.concatenate(
+        [jet.value[None], jet.jac, jnp.reshape(jet.second, (-1, jet.value.shape[0]))]
+    )
+    out = rows @ weight.T
+    value = out[0] if bias is None else out[0] + bias
+    second = out[1 + k :]
+    second = second.reshape((-1,) + value.shape) if jet.second.ndim == 2 else second[0]
+    return Jet(value, out[1 : 1 + k], second)
 
 
 def input_affine(weight: Array, bias: Array | None, x: Array, directions: Array, form: Form) -> Jet:

@@ -38,5 +38,5 @@ def apply_block(
 ) -> Any:
     """``fn(params, carry)``, through :func:`recompute_block` when ``use_custom_vjp``."""
     if use_custom_vjp:
-        return recompute_block(fn, params, carry)
+        return jax.checkpoint(fn)(params, carry)
     return fn(params, carry)

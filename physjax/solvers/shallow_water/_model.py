@@ -334,7 +334,8 @@ class ShallowWater(eqx.Module):
         if _is_concrete(state.h) and not isinstance(dt, jax.core.Tracer):
             self.check_dt(state, float(dt))
         n_frames = n_steps // save_every
-        frames = _run_frames(self, state, t0, dt, n_frames, save_every, mesh)
+        t0_, dt_ = jnp.asarray(t0, self.grid.dtype), jnp.asarray(dt, self.grid.dtype)
+        frames = _run_frames(self, state, t0_, dt_, n_frames, save_every, mesh)
         ts = t0 + dt * save_every * jnp.arange(1, n_frames + 1, dtype=self.grid.dtype)
         return ShallowWaterSolution(ts=ts, states=frames)
 
@@ -350,6 +351,9 @@ class ShallowWater(eqx.Module):
         """The state after ``n_steps`` fixed steps from time ``t0`` (compiled once per
         ``n_steps`` and mesh); the building block of chunked runs that write as they go."""
         _check_counts(n_steps, n_steps)
+        # Times as arrays: filter_jit would treat Python floats as static and recompile.
+        t0 = jnp.asarray(t0, self.grid.dtype)
+        dt = jnp.asarray(dt, self.grid.dtype)
         return _advance(self, state, t0, dt, n_steps, mesh)
 
     def solve_diffrax(self, state: ShallowWaterState, t0: float, t1: float, **kwargs):

@@ -1,0 +1,250 @@
+"""Boundary conditions and the discrete elliptic operator ∇·(a∇u) on cell centres.
+
+The operator is the standard second-order, conservative, cell-centred stencil. Along an
+axis with spacing ``h`` and face coefficients ``a_{i±1/2}``
+
+    (A u)_i = [a_{i+1/2} (u_{i+1} - u_i) - a_{i-1/2} (u_i - u_{i-1})] / h²,
+
+summed over the axes. Walls lie half a cell beyond the first and last centres; the ghost
+value beyond a wall is the odd (Dirichlet) or even (Neumann) reflection of the first cell,
+which is exactly what [`physjax.grids.fill_halo`][] does with parity ``-1`` / ``+1``.
+Inhomogeneous boundary values are moved to the right-hand side by
+[`physjax.solvers.poisson.fold_boundary_values`][], so every solver works on the
+homogeneous operator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ...grids import Grid, fill_halo
+
+BOUNDARY_CONDITIONS = ("periodic", "dirichlet", "neumann")
+
+
+def normalise_bc(bc: Any, grid: Grid) -> tuple[str, ...]:
+    """Boundary condition per axis in grid order, checked against ``grid.periodic``."""
+    names = grid.axis_names
+    if bc is None:
+        out = tuple("periodic" if p else "dirichlet" for p in grid.periodic)
+    elif isinstance(bc, str):
+        if bc == "periodic":
+            out = ("periodic",) * grid.ndim
+        else:
+            # One wall condition for every walled axis; periodic axes stay periodic.
+            out = tuple("periodic" if p else bc for p in grid.periodic)
+    elif isinstance(bc, Mapping):
+        unknown = set(bc) - set(names)
+        if unknown:
+            raise ValueError(f"bc has entries for unknown axes {sorted(unknown)}; axes are {names}")
+        out = tuple(
+            bc.get(n, "periodic" if p else "dirichlet") for n, p in zip(names, grid.periodic)
+        )
+    elif isinstance(bc, Sequence):
+        out = tuple(bc)
+        if len(out) != grid.ndim:
+            raise ValueError(
+                f"bc must give one condition per axis {names}, got {len(out)} entries: {bc!r}"
+            )
+    else:
+        raise ValueError(f"bc must be None, a string, a sequence or a mapping, got {bc!r}")
+    for name, kind, periodic in zip(names, out, grid.periodic):
+        if kind not in BOUNDARY_CONDITIONS:
+            raise ValueError(
+                f"bc for axis {name} must be one of {BOUNDARY_CONDITIONS}, got {kind!r}"
+            )
+        if periodic and kind != "periodic":
+            raise ValueError(
+                f"bc for axis {name} is {kind!r} but the grid is periodic along {name}; "
+                f"build the grid with periodic=False on that axis or use bc='periodic'"
+            )
+        if not periodic and kind == "periodic":
+            raise ValueError(
+                f"bc for axis {name} is 'periodic' but the grid has walls along {name}; "
+                f"use 'dirichlet' or 'neumann', or build the grid periodic on that axis"
+            )
+    return out
+
+
+def parity_of(bc: Sequence[str]) -> tuple[int, ...]:
+    """Halo parity per axis: odd for Dirichlet, even for Neumann (ignored when periodic)."""
+    return tuple(-1 if b == "dirichlet" else 1 for b in bc)
+
+
+def is_singular(bc: Sequence[str]) -> bool:
+    """True when constants are in the null space (no Dirichlet axis)."""
+    return "dirichlet" not in bc
+
+
+def _centre(up: jax.Array, ndim: int, axis: int = 0, shift: int = 0) -> jax.Array:
+    """Interior of a width-1 padded array, shifted by ``shift`` along ``axis``."""
+    idx = []
+    for a in range(ndim):
+        s = shift if a == axis else 0
+        idx.append(slice(1 + s, up.shape[a] - 1 + s))
+    return up[tuple(idx)]
+
+
+def face_coefficients(a: jax.Array, grid: Grid) -> tuple[jax.Array, ...]:
+    """Arithmetic means of a cell-centred coefficient on the faces of each axis.
+
+    Entry ``k`` has the local shape with ``n + 1`` along axis ``k``: every low face plus the
+    high face of the last cell. At a wall the face value is the adjacent cell's value.
+    """
+    d = grid.ndim
+    ap = fill_halo(a, grid, parity=(1,) * d, width=1)
+    faces = []
+    for axis in range(d):
+        idx = []
+        for b in range(d):
+            idx.append(slice(None) if b == axis else slice(1, ap.shape[b] - 1))
+        strip = ap[tuple(idx)]
+        n = strip.shape[axis]
+        lo = lax.slice_in_dim(strip, 0, n - 1, axis=axis)
+        hi = lax.slice_in_dim(strip, 1, n, axis=axis)
+        faces.append(0.5 * (lo + hi))
+    return tuple(faces)
+
+
+def apply_operator(
+    u: jax.Array,
+    grid: Grid,
+    parity: Sequence[int],
+    faces: Sequence[jax.Array] | None = None,
+) -> jax.Array:
+    """Homogeneous ∇·(a∇u) (``faces`` given) or ∇²u (``faces=None``) of a local field."""
+    d = grid.ndim
+    up = fill_halo(u, grid, parity=tuple(parity), width=1)
+    out = jnp.zeros_like(u)
+    for axis in range(d):
+        inv_h2 = 1.0 / grid.spacing[axis] ** 2
+        plus = _centre(up, d, axis, 1)
+        minus = _centre(up, d, axis, -1)
+        if faces is None:
+            out = out + (plus - 2 * u + minus) * inv_h2
+        else:
+            n = u.shape[axis]
+            a_lo = lax.slice_in_dim(faces[axis], 0, n, axis=axis)
+            a_hi = lax.slice_in_dim(faces[axis], 1, n + 1, axis=axis)
+            out = out + (a_hi * (plus - u) - a_lo * (u - minus)) * inv_h2
+    return out
+
+
+def operator_diagonal(
+    grid: Grid,
+    parity: Sequence[int],
+    faces: Sequence[jax.Array] | None,
+    dtype: Any,
+) -> jax.Array:
+    """Diagonal of [`apply_operator`][] on the local block (walls included)."""
+    d = grid.ndim
+    shape = grid.local_shape
+    diag = jnp.zeros(shape, dtype)
+    for axis in range(d):
+        inv_h2 = 1.0 / grid.spacing[axis] ** 2
+        n = shape[axis]
+        if faces is None:
+            a_lo = jnp.ones(shape, dtype)
+            a_hi = a_lo
+        else:
+            a_lo = lax.slice_in_dim(faces[axis], 0, n, axis=axis)
+            a_hi = lax.slice_in_dim(faces[axis], 1, n + 1, axis=axis)
+        diag = diag - (a_lo + a_hi) * inv_h2
+        if not grid.periodic[axis]:
+            idx = grid.local_index(axis)
+            bshape = [1] * d
+            bshape[axis] = n
+            first = (idx == 0).reshape(bshape)
+            last = (idx == grid.shape[axis] - 1).reshape(bshape)
+            p = parity[axis]
+            diag = diag + p * inv_h2 * (jnp.where(first, a_lo, 0) + jnp.where(last, a_hi, 0))
+    return diag
+
+
+def _wall_slice(ndim: int, axis: int, index: int) -> tuple:
+    return tuple(index if a == axis else slice(None) for a in range(ndim))
+
+
+def fold_boundary_values(
+    f: jax.Array,
+    grid: Grid,
+    bc: Any = None,
+    boundary_values: Mapping[str, Any] | None = None,
+    coefficient: jax.Array | None = None,
+) -> jax.Array:
+    """Move inhomogeneous wall values into the right-hand side.
+
+    With the wall half a cell beyond the first centre, a Dirichlet value ``g`` at the wall
+    sets the ghost to ``2g - u_0`` and a Neumann value ``q = ∂u/∂x`` at the wall sets it to
+    ``u_0 - h q`` (low wall) or ``u_{n-1} + h q`` (high wall). Subtracting the homogeneous
+    operator leaves, in the boundary-adjacent cells,
+
+    - Dirichlet: ``f_0 ← f_0 - 2 a g_low / h²`` and ``f_{n-1} ← f_{n-1} - 2 a g_high / h²``;
+    - Neumann: ``f_0 ← f_0 + a q_low / h`` and ``f_{n-1} ← f_{n-1} - a q_high / h``,
+
+    where ``a`` is the coefficient of the adjacent cell (1 for the Laplacian).
+
+    **Arguments:**
+
+    - `f`: right-hand side, the grid's global shape.
+    - `grid`: the [`physjax.grids.Grid`][].
+    - `bc`: boundary conditions (see [`physjax.solvers.poisson.solve`][]).
+    - `boundary_values`: mapping from an axis name (``"x"``, ``"y"``, ``"z"``) to a pair
+      ``(low, high)``; each a scalar or an array of the wall's shape (the grid shape with that
+      axis removed), or ``None`` for zero. Dirichlet: the value of ``u`` on the wall.
+      Neumann: the derivative of ``u`` along the axis (not the outward normal) on the wall.
+    - `coefficient`: the cell-centred coefficient ``a`` (default 1).
+
+    **Returns:** the right-hand side of the equivalent homogeneous problem.
+    """
+    bcs = normalise_bc(bc, grid)
+    if not boundary_values:
+        return f
+    if not isinstance(boundary_values, Mapping):
+        raise ValueError(
+            "boundary_values must be a mapping from axis name to (low, high), "
+            f"got {type(boundary_values).__name__}"
+        )
+    d = grid.ndim
+    for name, pair in boundary_values.items():
+        if name not in grid.axis_names:
+            raise ValueError(
+                f"boundary_values has an entry for unknown axis {name!r}; axes are "
+                f"{grid.axis_names}"
+            )
+        axis = grid.axis_names.index(name)
+        kind = bcs[axis]
+        if kind == "periodic":
+            raise ValueError(
+                f"boundary_values given for axis {name}, which is periodic: it has no walls"
+            )
+        if not (isinstance(pair, Sequence) and len(pair) == 2):
+            raise ValueError(
+                f"boundary_values[{name!r}] must be a pair (low, high), got {pair!r}"
+            )
+        wall_shape = tuple(n for a, n in enumerate(grid.shape) if a != axis)
+        h = grid.spacing[axis]
+        for side, value in zip((0, grid.shape[axis] - 1), pair):
+            if value is None:
+                continue
+            value = jnp.asarray(value, f.dtype)
+            if value.ndim not in (0, len(wall_shape)) or (
+                value.ndim and tuple(value.shape) != wall_shape
+            ):
+                raise ValueError(
+                    f"boundary_values[{name!r}] entries must be scalars or arrays of the wall "
+                    f"shape {wall_shape}, got shape {value.shape}"
+                )
+            sl = _wall_slice(d, axis, side)
+            a = 1.0 if coefficient is None else coefficient[sl]
+            if kind == "dirichlet":
+                delta = -2.0 * a * value / h**2
+            else:
+                delta = (a * value / h) if side == 0 else (-a * value / h)
+            f = f.at[sl].add(jnp.broadcast_to(delta, wall_shape).astype(f.dtype))
+    return f
