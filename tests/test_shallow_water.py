@@ -1,0 +1,270 @@
+"""Shallow-water model: conservation, balance, dispersion, convergence, sharding, gradients."""
+
+import diffrax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from physjax.grids import CENTRE, CORNER, X_FACE, Y_FACE, Grid
+from physjax.parallel import make_mesh
+from physjax.solvers import ShallowWater
+from physjax.solvers.shallow_water import make_case
+from physjax.solvers.shallow_water._cases import gravity_wave_mode
+
+
+def _last(sol):
+    return jax.tree.map(lambda a: a[-1], sol.states)
+
+
+def test_mass_conserved_barotropic_instability():
+    case = make_case("barotropic-instability", nx=64, ny=32, precision="float64")
+    m, s = case.model, case.state
+    dt = m.max_stable_dt(s, 0.5)
+    sol = m.run(s, dt=dt, n_steps=1000, save_every=500)
+    m0 = m.mass(s)
+    drift = [abs(float((m.mass(jax.tree.map(lambda a: a[k], sol.states)) - m0) / m0)) for k in range(2)]
+    assert max(drift) <= 1e-12
+    # the run did something: the jet is meandering
+    assert float(jnp.max(jnp.abs(sol.states.v[-1]))) > 1e-3
+
+
+def test_energy_drift_falls_at_scheme_order():
+    case = make_case("geostrophic-adjustment", nx=32, ny=32, precision="float64")
+    m, s = case.model, case.state
+    e0 = float(m.energy(s))
+    t_end = 6 * 3600.0
+    dts, drifts = [], []
+    for n in (40, 80, 160):
+        dt = t_end / n
+        sol = m.run(s, dt=dt, n_steps=n)
+        drifts.append(abs(float(m.energy(_last(sol))) - e0) / e0)
+        dts.append(dt)
+    order = np.polyfit(np.log(dts), np.log(drifts), 1)[0]
+    assert abs(order - 3.0) <= 0.3, (order, drifts)
+
+
+def test_zonal_jet_stays_steady():
+    case = make_case("zonal-jet", nx=32, ny=32, precision="float64")
+    m, s = case.model, case.state
+    periods = 10
+    t_end = periods * 2 * np.pi / 1e-4
+    n = int(np.ceil(t_end / m.max_stable_dt(s, 0.8)))
+    sol = m.run(s, dt=t_end / n, n_steps=n)
+    h1 = _last(sol).h
+    dh = float(jnp.max(s.h) - jnp.min(s.h))
+    assert dh > 1.0  # a real jet, tens of metres of height difference
+    assert float(jnp.max(jnp.abs(h1 - s.h))) / dh <= 1e-10
+    # an unbalanced start (same jet, flat h) is far from steady
+    s_bad = m.initial_state(jnp.full_like(s.h, 1000.0), s.u, s.v)
+    h_bad = _last(m.run(s_bad, dt=t_end / n, n_steps=50)).h
+    assert float(jnp.max(jnp.abs(h_bad - 1000.0))) / dh > 1e-3
+
+
+def test_gravity_wave_frequency_matches_discrete_dispersion():
+    grid_n, H, g, f = 32, 100.0, 9.81, 1e-4
+    case = make_case("gravity-wave", nx=grid_n, ny=grid_n, precision="float64", mean_depth=H,
+                     amplitude=1e-4, mode_x=3, mode_y=2)
+    m, s = case.model, case.state
+    grid = m.grid
+    k, l, omega_eig, _ = gravity_wave_mode(grid, mean_depth=H, gravity=g, coriolis=f, mode_x=3, mode_y=2)
+    dx, dy = grid.dx, grid.dy
+    omega_theory = np.sqrt(
+        f**2 * np.cos(k * dx / 2) ** 2 * np.cos(l * dy / 2) ** 2
+        + 4 * g * H * (np.sin(k * dx / 2) ** 2 / dx**2 + np.sin(l * dy / 2) ** 2 / dy**2)
+    )
+    assert abs(omega_eig - omega_theory) / omega_theory < 1e-12
+    period = 2 * np.pi / omega_theory
+    n_frames, per_frame = 40, 5
+    dt = 2 * period / (n_frames * per_frame)
+    sol = m.run(s, dt=dt, n_steps=n_frames * per_frame, save_every=per_frame)
+    y, x = grid.mesh_coordinates(CENTRE)
+    phase = np.exp(-1j * (k * x + l * y))
+    c = np.array([np.mean((np.asarray(h) - H) * phase) for h in sol.states.h])
+    angle = np.unwrap(np.angle(c))
+    omega_measured = -np.polyfit(np.asarray(sol.ts), angle, 1)[0]
+    assert abs(omega_measured - omega_theory) / omega_theory <= 1e-3
+
+
+def _manufactured(grid_n):
+    """Discrete tendencies of a smooth doubly periodic state vs the continuous ones."""
+    L, H, g, f0 = 1.0e6, 50.0, 9.81, 1e-4
+    grid = Grid((grid_n, grid_n), (L, L), periodic=True, dtype="float64")
+    model = ShallowWater(grid, gravity=g, coriolis=f0)
+    k = 2 * np.pi / L
+
+    def h(x, y):
+        return H + 2.0 * jnp.sin(k * x) * jnp.cos(2 * k * y)
+
+    def u(x, y):
+        return 0.5 * jnp.cos(k * x + 0.3) * jnp.sin(k * y)
+
+    def v(x, y):
+        return -0.4 * jnp.sin(2 * k * x) * jnp.cos(k * y + 0.1)
+
+    d = lambda fn, i: jax.grad(fn, argnums=i)
+
+    def dh(x, y):
+        return -(d(lambda a, b: h(a, b) * u(a, b), 0)(x, y) + d(lambda a, b: h(a, b) * v(a, b), 1)(x, y))
+
+    def bern(x, y):
+        return g * h(x, y) + 0.5 * (u(x, y) ** 2 + v(x, y) ** 2)
+
+    def zeta(x, y):
+        return d(v, 0)(x, y) - d(u, 1)(x, y)
+
+    def du(x, y):
+        return (f0 + zeta(x, y)) * v(x, y) - d(bern, 0)(x, y)
+
+    def dv(x, y):
+        return -(f0 + zeta(x, y)) * u(x, y) - d(bern, 1)(x, y)
+
+    def at(fn, loc):
+        yy, xx = grid.mesh_coordinates(loc)
+        return jax.vmap(fn)(jnp.asarray(xx.ravel()), jnp.asarray(yy.ravel())).reshape(grid.shape)
+
+    state = model.initial_state(at(h, CENTRE), at(u, X_FACE), at(v, Y_FACE))
+    tend = model.rhs(state)
+    errs = []
+    for got, fn, loc in ((tend.h, dh, CENTRE), (tend.u, du, X_FACE), (tend.v, dv, Y_FACE)):
+        ref = at(fn, loc)
+        errs.append(float(jnp.max(jnp.abs(got - ref)) / jnp.max(jnp.abs(ref))))
+    zeta_err = float(jnp.max(jnp.abs(model.relative_vorticity(state) - at(zeta, CORNER))))
+    return grid.dx, errs, zeta_err
+
+
+def test_manufactured_solution_second_order():
+    results = [_manufactured(n) for n in (16, 32, 64)]
+    dxs = np.array([r[0] for r in results])
+    for var in range(3):
+        errs = np.array([r[1][var] for r in results])
+        order = np.polyfit(np.log(dxs), np.log(errs), 1)[0]
+        assert abs(order - 2.0) <= 0.15, (var, order, errs)
+    zerr = np.array([r[2] for r in results])
+    assert abs(np.polyfit(np.log(dxs), np.log(zerr), 1)[0] - 2.0) <= 0.15
+
+
+def test_lake_at_rest_over_topography():
+    grid = Grid((16, 24), (1e6, 1.5e6), periodic=(False, False), dtype="float64")
+    yy, xx = grid.mesh_coordinates(CENTRE)
+    bottom = 20.0 * np.exp(-((xx - 7e5) ** 2 + (yy - 5e5) ** 2) / (2e5) ** 2)
+    model = ShallowWater(grid, coriolis=1e-4, beta=2e-11, bottom=bottom)
+    s = model.initial_state(100.0 - bottom)
+    sol = model.run(s, dt=200.0, n_steps=200)
+    out = _last(sol)
+    assert float(jnp.max(jnp.abs(out.u))) < 1e-12
+    assert float(jnp.max(jnp.abs(out.h - s.h))) < 1e-10
+
+
+@pytest.mark.multidevice
+@pytest.mark.parametrize(
+    "case_name, layout",
+    [
+        ("barotropic-instability", (4, 1)),
+        ("barotropic-instability", (2, 2)),
+        ("wind-gyre", (2, 2)),
+        ("wind-gyre", (1, 4)),
+        ("geostrophic-adjustment", (2, 2)),
+    ],
+)
+def test_sharded_equals_single_device(case_name, layout):
+    assert len(jax.devices()) >= 4
+    case = make_case(case_name, nx=32, ny=32, precision="float64")
+    m, s = case.model, case.state
+    dt = m.max_stable_dt(s, 0.5)
+    ref = m.run(s, dt=dt, n_steps=40, save_every=20)
+    mesh = make_mesh(layout)
+    out = m.run(s, dt=dt, n_steps=40, save_every=20, mesh=mesh)
+    for a, b in zip(jax.tree.leaves(ref.states), jax.tree.leaves(out.states)):
+        assert float(jnp.max(jnp.abs(a - b))) <= 1e-12 * max(1.0, float(jnp.max(jnp.abs(a))))
+    h = out.states.h
+    assert h.sharding.shard_shape(h.shape) == (2, 32 // layout[0], 32 // layout[1])
+    assert len(h.sharding.device_set) == 4
+    # chunked advance on the mesh matches too
+    s1 = m.advance(s, t0=0.0, dt=dt, n_steps=40, mesh=mesh)
+    assert float(jnp.max(jnp.abs(s1.h - ref.states.h[-1]))) <= 1e-12 * float(jnp.max(s.h))
+
+
+def test_mesh_that_does_not_divide_grid_raises():
+    case = make_case("geostrophic-adjustment", nx=30, ny=30, precision="float64")
+    with pytest.raises(ValueError, match="mesh does not divide the grid: ny=30"):
+        case.model.run(case.state, dt=10.0, n_steps=2, mesh=make_mesh((4, 1)))
+
+
+def test_fixed_step_and_diffrax_agree():
+    case = make_case("gravity-wave", nx=16, ny=16, precision="float64", amplitude=0.5)
+    base = case.model
+    m = ShallowWater(base.grid, gravity=base.gravity, coriolis=base.coriolis, scheme="rk4")
+    s = case.state
+    t1 = 3600.0
+    n = 30
+    fixed = _last(m.run(s, dt=t1 / n, n_steps=n))
+    adaptive = m.solve_diffrax(s, 0.0, t1, rtol=1e-10, atol=1e-10, dt0=60.0)
+    ad = jax.tree.map(lambda a: a[-1], adaptive.ys)
+    scale = float(jnp.max(jnp.abs(s.u)))
+    err = float(jnp.max(jnp.abs(fixed.u - ad.u))) / scale
+    # RK4 at ω dt ≈ 0.9: global error ~1e-7 relative; diffrax at rtol 1e-10 is far tighter
+    assert err < 1e-5
+    n2 = 60
+    fixed2 = _last(m.run(s, dt=t1 / n2, n_steps=n2))
+    err2 = float(jnp.max(jnp.abs(fixed2.u - ad.u))) / scale
+    assert err2 < err / 10  # fourth order: half the dt, ~16x smaller error
+
+
+def test_grad_wrt_drag_matches_finite_difference():
+    case = make_case("geostrophic-adjustment", nx=16, ny=16, precision="float64")
+    base = case.model
+    s = case.state
+
+    def loss(r):
+        m = ShallowWater(base.grid, gravity=base.gravity, coriolis=base.coriolis, drag=r)
+        out = _last(m.run(s, dt=300.0, n_steps=20))
+        return jnp.sum(out.u**2 + out.v**2)
+
+    r0 = 2e-5
+    g = float(jax.grad(loss)(r0))
+    eps = 1e-8
+    fd = (float(loss(r0 + eps)) - float(loss(r0 - eps))) / (2 * eps)
+    assert g < 0  # drag removes kinetic energy
+    assert abs(g - fd) / abs(fd) < 1e-6
+
+
+def test_vmap_over_ensemble_equals_loop():
+    case = make_case("gravity-wave", nx=16, ny=16, precision="float64")
+    m = case.model
+    amps = jnp.array([0.5, 1.0, 2.0])
+    h = 100.0 + amps[:, None, None] * (case.state.h - 100.0)
+    states = type(case.state)(h=h, u=amps[:, None, None] * case.state.u, v=amps[:, None, None] * case.state.v)
+    batched = jax.vmap(lambda st: m.advance(st, t0=0.0, dt=100.0, n_steps=10))(states)
+    for i in range(3):
+        one = m.advance(jax.tree.map(lambda a: a[i], states), t0=0.0, dt=100.0, n_steps=10)
+        assert float(jnp.max(jnp.abs(one.h - batched.h[i]))) < 1e-12
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"nx": 0}, "nx must be a positive integer"),
+        ({"ny": -4}, "ny must be a positive integer"),
+        ({"mean_depth": -10.0}, "mean_depth must be > 0"),
+        ({"mean_depth": 0.0}, "mean_depth must be > 0"),
+        ({"step_height": -200.0}, "layer thickness h must be > 0"),
+        ({"bogus": 1.0}, "unknown parameter"),
+    ],
+)
+def test_bad_case_inputs(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        make_case("geostrophic-adjustment", precision="float64", **kwargs)
+
+
+def test_unknown_case_and_bad_dt():
+    with pytest.raises(ValueError, match="unknown case 'nope'"):
+        make_case("nope")
+    case = make_case("gravity-wave", nx=16, ny=16, precision="float64")
+    limit = case.model.max_stable_dt(case.state)
+    with pytest.raises(ValueError, match="breaks the CFL stability limit"):
+        case.model.run(case.state, dt=1.5 * limit, n_steps=2)
+    with pytest.raises(ValueError, match="dt must be a finite number > 0"):
+        case.model.run(case.state, dt=-1.0, n_steps=2)
+    with pytest.raises(ValueError, match="n_steps=3 must be a multiple of save_every=2"):
+        case.model.run(case.state, dt=1.0, n_steps=3, save_every=2)
