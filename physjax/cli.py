@@ -59,11 +59,12 @@ def resolve_settings(args: argparse.Namespace, keys: tuple[str, ...] = RUN_KEYS)
             settings[key] = value
     for key, value in getattr(args, "param", None) or []:
         settings["parameters"][key] = value
-    if settings.get("n") is not None:
-        settings.setdefault("nx", settings["n"])
-        settings.setdefault("ny", settings["n"])
-        if args.n is not None:
-            settings["nx"] = settings["ny"] = args.n
+    # --n sets nx and ny unless those are given themselves (command line before config).
+    n = settings.pop("n", None)
+    if n is not None:
+        for key in ("nx", "ny"):
+            if getattr(args, key, None) is None and (args.n is not None or key not in settings):
+                settings[key] = n
     return settings
 
 
@@ -102,7 +103,8 @@ def setup_jax(precision: str, devices) -> None:
         os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
     import jax
 
-    jax.config.update("jax_enable_x64", precision == "float64")
+    if precision == "float64":
+        jax.config.update("jax_enable_x64", True)
 
 
 def _positive_number(name: str, value, integer: bool = False):

@@ -29,6 +29,14 @@ def test_mass_conserved_barotropic_instability():
     assert float(jnp.max(jnp.abs(sol.states.v[-1]))) > 1e-3
 
 
+def test_mass_conserved_float32():
+    case = make_case("geostrophic-adjustment", nx=32, ny=32, precision="float32")
+    m, s = case.model, case.state
+    sol = m.run(s, dt=m.max_stable_dt(s, 0.5), n_steps=400)
+    assert sol.states.h.dtype == jnp.float32
+    assert abs(float(m.mass(_last(sol)) / m.mass(s)) - 1) <= 2e-7
+
+
 def test_energy_drift_falls_at_scheme_order():
     case = make_case("geostrophic-adjustment", nx=32, ny=32, precision="float64")
     m, s = case.model, case.state

@@ -48,7 +48,7 @@ def _chain(
     pre: Jet,
     steps: Sequence[tuple[Callable[[Array], Array], eqx.nn.Linear]],
     form: Form,
-    use_custom_vjp: bool,
+    recompute: bool,
 ) -> Jet:
     """Run ``pre -> linear(activation(pre))`` for each step, one recomputed block per step.
 
@@ -60,7 +60,7 @@ def _chain(
         def block(lin, jet, activation=activation):
             return affine(lin.weight, lin.bias, elementwise(activation, jet, form))
 
-        pre = apply_block(block, linear, pre, use_custom_vjp)
+        pre = apply_block(block, linear, pre, recompute)
     return pre
 
 
@@ -85,7 +85,7 @@ class AbstractNeuralField(eqx.Module):
         x: Float[Array, " d"],
         directions: Float[Array, "k d"],
         form: Form,
-        use_custom_vjp: bool = True,
+        recompute: bool = True,
     ) -> Jet:
         """Value ``(m,)``, directional derivatives ``(k, m)`` and second-order part at ``x``."""
 
@@ -148,11 +148,11 @@ class MLP(AbstractNeuralField):
             h = self.activation(lin(h))
         return _finish(self.layers[-1](h), self.out_size)
 
-    def jet(self, x, directions, form, use_custom_vjp=True):
+    def jet(self, x, directions, form, recompute=True):
         first = self.layers[0]
         pre = input_affine(first.weight, first.bias, x, directions, form)
         steps = [(self.activation, lin) for lin in self.layers[1:]]
-        return _chain(pre, steps, form, use_custom_vjp)
+        return _chain(pre, steps, form, recompute)
 
 
 class FourierMLP(AbstractNeuralField):
@@ -214,12 +214,12 @@ class FourierMLP(AbstractNeuralField):
         weight, phase = self._embedding()
         return self.mlp(jnp.sin(weight @ x + phase))
 
-    def jet(self, x, directions, form, use_custom_vjp=True):
+    def jet(self, x, directions, form, recompute=True):
         weight, phase = self._embedding()
         pre = input_affine(weight, phase, x, directions, form)
         layers = self.mlp.layers
         steps = [(jnp.sin, layers[0])] + [(self.mlp.activation, lin) for lin in layers[1:]]
-        return _chain(pre, steps, form, use_custom_vjp)
+        return _chain(pre, steps, form, recompute)
 
 
 class ModifiedMLP(AbstractNeuralField):
@@ -275,7 +275,7 @@ class ModifiedMLP(AbstractNeuralField):
             h = u + z * (v - u)
         return _finish(self.layers[-1](h), self.out_size)
 
-    def jet(self, x, directions, form, use_custom_vjp=True):
+    def jet(self, x, directions, form, recompute=True):
         s = self.activation
         u = elementwise(
             s, input_affine(self.encoder_u.weight, self.encoder_u.bias, x, directions, form), form
@@ -295,5 +295,5 @@ class ModifiedMLP(AbstractNeuralField):
                     h = gate(h, u_, v_, form)
                 return affine(params.weight, params.bias, h)
 
-            pre = apply_block(block, lin, (pre, u, v), use_custom_vjp)
+            pre = apply_block(block, lin, (pre, u, v), recompute)
         return pre

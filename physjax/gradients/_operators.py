@@ -110,11 +110,11 @@ def _component(component, m: int, scalar: bool, op: str, alternative: str | None
 # ----------------------------------------------------------------------------- jets
 
 
-def _eqx_mlp_jet(mlp: eqx.nn.MLP, x, directions, form: Form, use_custom_vjp: bool) -> Jet:
+def _eqx_mlp_jet(mlp: eqx.nn.MLP, x, directions, form: Form, recompute: bool) -> Jet:
     first = mlp.layers[0]
     pre = input_affine(first.weight, first.bias, x, directions, form)
     steps = [(mlp.activation, lin) for lin in mlp.layers[1:]]
-    jet = _chain(pre, steps, form, use_custom_vjp)
+    jet = _chain(pre, steps, form, recompute)
     return elementwise(mlp.final_activation, jet, form)
 
 
@@ -124,11 +124,11 @@ def _is_layered(fn) -> bool:
     return isinstance(fn, eqx.nn.MLP) and isinstance(fn.in_size, int)
 
 
-def _generic(fn, x, directions, form: Form, use_custom_vjp: bool) -> Jet:
+def _generic(fn, x, directions, form: Form, recompute: bool) -> Jet:
     def vector_fn(f, y):
         return jnp.reshape(f(y), (-1,))
 
-    if not use_custom_vjp:
+    if not recompute:
         return generic_jet(lambda y: vector_fn(fn, y), x, directions, form)
     # Arrays held by fn (an Equinox module) and tracers it closes over become explicit inputs
     # of the custom VJP, so gradients with respect to them flow through the recomputation.
@@ -147,13 +147,13 @@ def _generic(fn, x, directions, form: Form, use_custom_vjp: bool) -> Jet:
     return recompute_block(block, (params, consts), x)
 
 
-def _jet(fn, x, indices, form: Form, use_custom_vjp: bool) -> Jet:
+def _jet(fn, x, indices, form: Form, recompute: bool) -> Jet:
     directions = _directions(indices, x.shape[0], x.dtype)
     if isinstance(fn, AbstractNeuralField):
-        return fn.jet(x, directions, form, use_custom_vjp)
+        return fn.jet(x, directions, form, recompute)
     if _is_layered(fn):
-        return _eqx_mlp_jet(fn, x, directions, form, use_custom_vjp)
-    return _generic(fn, x, directions, form, use_custom_vjp)
+        return _eqx_mlp_jet(fn, x, directions, form, recompute)
+    return _generic(fn, x, directions, form, recompute)
 
 
 def _jacobian(fn, x, indices) -> tuple[Array, Array]:
@@ -171,7 +171,7 @@ def _jacobian(fn, x, indices) -> tuple[Array, Array]:
 
 
 def laplacian(
-    fn: PointFn, *, spatial: Spatial = None, component: int | None = None, custom_vjp: bool = True
+    fn: PointFn, *, spatial: Spatial = None, component: int | None = None, recompute: bool = True
 ) -> Callable[[Float[Array, " d"]], Float[Array, ""]]:
     """Laplacian of a scalar field over selected input coordinates, in forward mode.
 
@@ -180,8 +180,10 @@ def laplacian(
     Value, first derivatives and the Laplacian are pushed through ``fn`` in one forward pass
     (the forward Laplacian of Li et al. 2023, arXiv:2307.08214) for physjax models and
     ``equinox.nn.MLP``; any other function uses nested ``jax.jvp`` per direction. With
-    ``custom_vjp=True`` the VJP saves one input jet per layer (the whole input for a generic
-    function) and recomputes the rest in the backward pass.
+    ``recompute=True`` the backward pass recomputes instead of storing: for layered models
+    each layer block is a ``jax.checkpoint`` that keeps only its input jet (one per layer);
+    any other function goes through a ``jax.custom_vjp`` that keeps only its inputs and
+    re-runs the forward-mode operator under ``jax.vjp`` in the backward pass.
 
     Args:
         fn: ``R^d -> R`` or ``R^d -> R^m`` (with ``component``); a physjax model, an Equinox
@@ -189,8 +191,9 @@ def laplacian(
         spatial: input coordinates ``S`` to differentiate over (default: all), e.g. ``(0, 1)``
             for ``(x, y, t)`` inputs.
         component: output component for vector-valued ``fn``.
-        custom_vjp: use the bounded-memory ``jax.custom_vjp`` (default). Set ``False`` for
-            forward-mode differentiation (``jax.jvp``) of the result.
+        recompute: bounded-memory backward pass (default). Set ``False`` for plain autodiff
+            through the forward-mode computation, e.g. to apply ``jax.jvp`` to the result
+            (a ``jax.custom_vjp`` cannot be differentiated in forward mode).
 
     Returns:
         A function of one point ``x`` of shape ``(d,)`` returning a scalar; ``jax.vmap`` it
@@ -203,13 +206,13 @@ def laplacian(
         m, scalar = _output_info(fn, x)
         c = _component(component, m, scalar, "laplacian", "vector_laplacian")
         idx = _spatial_indices(spatial, x.shape[0])
-        return _jet(fn, x, idx, "trace", custom_vjp).second[c]
+        return _jet(fn, x, idx, "trace", recompute).second[c]
 
     return apply
 
 
 def vector_laplacian(
-    fn: PointFn, *, spatial: Spatial = None, custom_vjp: bool = True
+    fn: PointFn, *, spatial: Spatial = None, recompute: bool = True
 ) -> Callable[[Float[Array, " d"]], Float[Array, " m"]]:
     """Laplacian of every output component, in one forward pass.
 
@@ -218,7 +221,7 @@ def vector_laplacian(
     Args:
         fn: ``R^d -> R^m``; see :func:`laplacian`.
         spatial: input coordinates to differentiate over (default: all).
-        custom_vjp: see :func:`laplacian`.
+        recompute: see :func:`laplacian`.
 
     Returns:
         A function of one point returning shape ``(m,)`` (a scalar if ``fn`` is scalar).
@@ -229,19 +232,19 @@ def vector_laplacian(
         x = _check_point(x)
         _, scalar = _output_info(fn, x)
         idx = _spatial_indices(spatial, x.shape[0])
-        second = _jet(fn, x, idx, "trace", custom_vjp).second
+        second = _jet(fn, x, idx, "trace", recompute).second
         return second[0] if scalar else second
 
     return apply
 
 
 def hessian_diagonal(
-    fn: PointFn, *, spatial: Spatial = None, component: int | None = None, custom_vjp: bool = True
+    fn: PointFn, *, spatial: Spatial = None, component: int | None = None, recompute: bool = True
 ) -> Callable[[Float[Array, " d"]], Float[Array, " k"]]:
     """Unmixed second partials ``d^2 u / d x_i^2`` for ``i`` in ``spatial``, in forward mode.
 
     Args:
-        fn, spatial, component, custom_vjp: see :func:`laplacian`.
+        fn, spatial, component, recompute: see :func:`laplacian`.
 
     Returns:
         A function of one point returning shape ``(k,)``, ``k = len(spatial)``.
@@ -253,18 +256,18 @@ def hessian_diagonal(
         m, scalar = _output_info(fn, x)
         c = _component(component, m, scalar, "hessian_diagonal", None)
         idx = _spatial_indices(spatial, x.shape[0])
-        return _jet(fn, x, idx, "diag", custom_vjp).second[:, c]
+        return _jet(fn, x, idx, "diag", recompute).second[:, c]
 
     return apply
 
 
 def second_partial(
-    fn: PointFn, i: int, j: int, *, component: int | None = None, custom_vjp: bool = True
+    fn: PointFn, i: int, j: int, *, component: int | None = None, recompute: bool = True
 ) -> Callable[[Float[Array, " d"]], Float[Array, ""]]:
     """One second partial derivative ``d^2 u / (d x_i d x_j)``, in forward mode.
 
     Args:
-        fn, component, custom_vjp: see :func:`laplacian`.
+        fn, component, recompute: see :func:`laplacian`.
         i, j: input coordinates (``i == j`` gives an unmixed second derivative).
 
     Returns:
@@ -281,8 +284,8 @@ def second_partial(
         (a,) = _spatial_indices(i, x.shape[0], "i")
         (b,) = _spatial_indices(j, x.shape[0], "j")
         if a == b:
-            return _jet(fn, x, (a,), "trace", custom_vjp).second[c]
-        return _jet(fn, x, (a, b), "mixed", custom_vjp).second[c]
+            return _jet(fn, x, (a,), "trace", recompute).second[c]
+        return _jet(fn, x, (a, b), "mixed", recompute).second[c]
 
     return apply
 

@@ -43,9 +43,16 @@ def ssprk3_step(rhs: RHS, y: PyTree, t, dt) -> PyTree:
     Shu & Osher (1988), DOI 10.1016/0021-9991(88)90177-5. Stable for oscillatory modes with
     ``|ω dt| ≤ √3``.
     """
+    # Written as y + c (w - y): weights like 1/3 + 2/3 do not sum to exactly 1 in float32,
+    # which would create or destroy mass at every step.
     y1 = _axpy(dt, rhs(y, t), y)
-    y2 = _lincomb((0.75, y), (0.25, _axpy(dt, rhs(y1, t + dt), y1)))
-    return _lincomb((1 / 3, y), (2 / 3, _axpy(dt, rhs(y2, t + 0.5 * dt), y2)))
+    y2 = _toward(y, _axpy(dt, rhs(y1, t + dt), y1), 0.25)
+    return _toward(y, _axpy(dt, rhs(y2, t + 0.5 * dt), y2), 2 / 3)
+
+
+def _toward(y, w, c):
+    """y + c (w − y)."""
+    return jax.tree.map(lambda yi, wi: yi + c * (wi - yi), y, w)
 
 
 def rk4_step(rhs: RHS, y: PyTree, t, dt) -> PyTree:

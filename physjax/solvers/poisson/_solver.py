@@ -1,0 +1,433 @@
+"""The Poisson solver: spectral, multigrid and multigrid-preconditioned CG."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.sharding import Mesh, PartitionSpec
+from jaxtyping import Array, Float
+
+from ...grids import Grid
+from ...parallel import decompose, field_spec
+from . import _multigrid as mg
+from ._operator import (
+    apply_operator,
+    face_coefficients,
+    fold_boundary_values,
+    is_singular,
+    normalise_bc,
+    parity_of,
+)
+from ._spectral import spectral_solve_local, spectral_solve_sharded
+
+Method = Literal["auto", "spectral", "multigrid", "cg"]
+METHODS = ("spectral", "multigrid", "cg")
+Field = Float[Array, "*shape"]
+
+
+class PoissonSolution(eqx.Module):
+    """Result of [`physjax.solvers.poisson.PoissonSolver.solve`][].
+
+    - `u`: the solution, the grid's shape.
+    - `residual_norm`: ``‖f - A u‖₂ / ‖f‖₂`` of the homogeneous problem (after folding
+      boundary values into ``f``); 0 when ``f = 0``.
+    - `iterations`: V-cycles (``multigrid``) or CG iterations (``cg``); 0 for ``spectral``.
+    - `converged`: whether the tolerance was met (always true for ``spectral``).
+    """
+
+    u: Field
+    residual_norm: Float[Array, ""]
+    iterations: Array
+    converged: Array
+
+
+def _internal_grid(grid: Grid) -> Grid:
+    """The same geometry with a halo of 1 (what the solvers use) and no decomposition."""
+    return Grid(grid.shape, grid.extent, grid.periodic, grid.origin, grid.dtype, 1)
+
+
+def _concrete(x) -> bool:
+    try:
+        np.asarray(x)
+    except (jax.errors.TracerArrayConversionError, jax.errors.ConcretizationTypeError):
+        return False
+    return True
+
+
+class PoissonSolver(eqx.Module):
+    r"""Solver for the elliptic problem ∇·(a∇u) = f (``a = 1``: ∇²u = f) on cell centres.
+
+    The discrete operator is the conservative second-order stencil (five points in 2-D,
+    seven in 3-D) with walls half a cell beyond the first and last centres:
+
+    $$(A u)_i = \sum_{axes} \frac{a_{i+1/2}(u_{i+1} - u_i) - a_{i-1/2}(u_i - u_{i-1})}{h^2},$$
+
+    with face coefficients the mean of the two adjacent cells. Build once, call every step:
+    the boundary conditions, the eigenvalue layout, the multigrid hierarchy and, for
+    constant coefficients, the coarsest-level inverse are prepared here.
+
+    **Arguments:**
+
+    - `grid`: the [`physjax.grids.Grid`][] (2-D ``(y, x)`` or 3-D ``(z, y, x)``), undecomposed.
+    - `bc`: boundary condition per axis: ``"periodic"``, ``"dirichlet"`` or ``"neumann"``,
+      given as one string (applied to every walled axis), a sequence in grid axis order,
+      or a mapping such as ``{"x": "periodic", "y": "neumann"}``. Periodic grid axes must
+      be periodic. Default: periodic axes periodic, walled axes Dirichlet.
+    - `method`: ``"spectral"`` (exact, constant coefficient only), ``"multigrid"``
+      (stand-alone cycles), ``"cg"`` (conjugate gradients preconditioned by one multigrid
+      cycle) or ``"auto"`` (default: spectral, or cg when a coefficient is given).
+    - `coefficient`: cell-centred ``a > 0`` of the grid's shape (multigrid and cg only).
+    - `mesh`: a device mesh from [`physjax.parallel.make_mesh`][] to run under
+      ``shard_map`` (default: one device).
+    - `rtol`, `atol`: stop when ``‖f - A u‖₂ ≤ max(rtol ‖f‖₂, atol)`` (iterative methods;
+      default ``rtol`` 1e-10 in float64 and 1e-5 in float32).
+    - `max_iterations`: cycles or CG iterations before giving up (default 100).
+    - `cycle`: ``"V"`` (default) or ``"F"``.
+    - `smoothing`: red–black Gauss–Seidel sweeps ``(before, after)`` the coarse correction
+      (default ``(2, 2)``).
+    - `max_coarse`: most cells on the coarsest level, solved by a dense inverse (default
+      1024). Grids that cannot be halved down to that size are rejected.
+    - `compatibility`: for problems without Dirichlet axes (periodic/Neumann), ``"check"``
+      (default) raises when the mean of ``f`` is not zero to round-off; ``"project"``
+      subtracts the mean of ``f`` first (solving ∇·(a∇u) = f - ⟨f⟩).
+    - `throw`: raise (through ``eqx.error_if``) when an iterative solve does not converge
+      (default ``True``); with ``False`` check ``PoissonSolution.converged``.
+
+    The solution of a problem without Dirichlet axes is fixed by zero mean.
+
+    References: Schumann & Sweet, J. Comput. Phys. 20 (1976) 171–182,
+    doi:10.1016/0021-9991(76)90062-3 (fast transforms for staggered grids); Trottenberg,
+    Oosterlee & Schüller, *Multigrid* (2001).
+    """
+
+    grid: Grid
+    bc: tuple[str, ...] = eqx.field(static=True)
+    method: str = eqx.field(static=True)
+    mesh: Mesh | None = eqx.field(static=True)
+    coefficient: Field | None
+    rtol: float = eqx.field(static=True)
+    atol: float = eqx.field(static=True)
+    max_iterations: int = eqx.field(static=True)
+    cycle: str = eqx.field(static=True)
+    smoothing: tuple[int, int] = eqx.field(static=True)
+    compatibility: str = eqx.field(static=True)
+    throw: bool = eqx.field(static=True)
+    levels: tuple | None = eqx.field(static=True)
+    coarse_inverse: Array | None
+
+    def __init__(
+        self,
+        grid: Grid,
+        bc: Any = None,
+        method: Method = "auto",
+        *,
+        coefficient: Any = None,
+        mesh: Mesh | None = None,
+        rtol: float | None = None,
+        atol: float = 0.0,
+        max_iterations: int = 100,
+        cycle: str = "V",
+        smoothing: tuple[int, int] = (2, 2),
+        max_coarse: int = 1024,
+        compatibility: str = "check",
+        throw: bool = True,
+    ):
+        if not isinstance(grid, Grid):
+            raise ValueError(f"grid must be a physjax.grids.Grid, got {type(grid).__name__}")
+        if grid.is_sharded:
+            raise ValueError("grid must be undecomposed; pass the device layout as mesh=")
+        self.bc = normalise_bc(bc, grid)
+        if method == "auto":
+            method = "spectral" if coefficient is None else "cg"
+        if method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS} or 'auto', got {method!r}")
+        if compatibility not in ("check", "project"):
+            raise ValueError(
+                f"compatibility must be 'check' or 'project', got {compatibility!r}"
+            )
+        if cycle not in ("V", "F"):
+            raise ValueError(f"cycle must be 'V' or 'F', got {cycle!r}")
+        if (
+            not isinstance(max_iterations, (int, np.integer))
+            or isinstance(max_iterations, bool)
+            or max_iterations < 1
+        ):
+            raise ValueError(f"max_iterations must be a positive integer, got {max_iterations!r}")
+        smoothing = tuple(int(s) for s in smoothing)
+        if len(smoothing) != 2 or min(smoothing) < 0 or sum(smoothing) < 1:
+            raise ValueError(
+                f"smoothing must be two sweep counts (before, after), ≥ 0 and not both 0, "
+                f"got {smoothing}"
+            )
+        eps = float(np.finfo(grid.dtype).eps)
+        if rtol is None:
+            rtol = 1e-10 if grid.dtype == "float64" else 1e-5
+        if not (0 <= rtol < 1) or atol < 0 or rtol == atol == 0:
+            raise ValueError(f"need 0 ≤ rtol < 1 and atol ≥ 0, not both 0; got {rtol}, {atol}")
+        del eps
+        self.grid = grid
+        self.method = method
+        self.mesh = mesh
+        self.rtol = float(rtol)
+        self.atol = float(atol)
+        self.max_iterations = int(max_iterations)
+        self.cycle = cycle
+        self.smoothing = smoothing
+        self.compatibility = compatibility
+        self.throw = bool(throw)
+
+        if coefficient is not None:
+            if method == "spectral":
+                raise ValueError(
+                    "coefficient is not supported by method='spectral' (its eigenbasis needs "
+                    "a constant coefficient); use method='cg' or 'multigrid'"
+                )
+            coefficient = jnp.asarray(coefficient, grid.dtype)
+            if coefficient.shape != grid.shape:
+                raise ValueError(
+                    f"coefficient must have the grid's shape {grid.shape}, "
+                    f"got {coefficient.shape}"
+                )
+            if _concrete(coefficient):
+                a = np.asarray(coefficient)
+                if not np.all(np.isfinite(a)) or not np.all(a > 0):
+                    raise ValueError(
+                        f"coefficient must be finite and > 0 everywhere, got min "
+                        f"{np.nanmin(a):.3g} (non-finite: {int(np.sum(~np.isfinite(a)))})"
+                    )
+            else:
+                coefficient = eqx.error_if(
+                    coefficient,
+                    ~jnp.all(coefficient > 0),
+                    "coefficient must be > 0 everywhere",
+                )
+        self.coefficient = coefficient
+
+        local = _internal_grid(grid)
+        if mesh is not None and mesh.size > 1:
+            local = decompose(local, mesh)
+            if method == "spectral":
+                p = mesh.size
+                for a in (0, grid.ndim - 1):
+                    if grid.shape[a] % p:
+                        raise ValueError(
+                            f"the spectral method on {p} devices needs n{grid.axis_names[a]} "
+                            f"divisible by {p} (slab transposes), got grid.shape={grid.shape}"
+                        )
+        self.levels = None
+        self.coarse_inverse = None
+        if method != "spectral":
+            levels = mg.build_hierarchy(local, max_coarse)
+            if levels is None:
+                raise ValueError(
+                    f"multigrid cannot coarsen grid.shape={grid.shape}: halving every axis "
+                    f"while all sizes stay even does not reach a level of ≤ max_coarse="
+                    f"{max_coarse} cells; use sizes c·2^k with a small c (e.g. 96, 128, 160) "
+                    f"or method='spectral'"
+                )
+            self.levels = levels
+            if coefficient is None:
+                self.coarse_inverse = mg.dense_inverse(
+                    levels[-1].grid,
+                    parity_of(self.bc),
+                    None,
+                    is_singular(self.bc),
+                    grid.dtype,
+                )
+
+    # ---------------------------------------------------------------- helpers
+    @property
+    def singular(self) -> bool:
+        """True when constants solve the homogeneous problem (no Dirichlet axis)."""
+        return is_singular(self.bc)
+
+    def _check_field(self, f, name: str) -> jax.Array:
+        f = jnp.asarray(f)
+        if f.shape != self.grid.shape:
+            raise ValueError(
+                f"{name} must have the grid's shape {self.grid.shape} ({' '.join(self.grid.axis_names)}), "
+                f"got {f.shape}; use jax.vmap for batches"
+            )
+        if not jnp.issubdtype(f.dtype, jnp.floating):
+            f = f.astype(self.grid.dtype)
+        return f
+
+    def rhs(self, f, boundary_values: Mapping[str, Any] | None = None) -> jax.Array:
+        """The right-hand side of the homogeneous problem (boundary values folded in)."""
+        f = self._check_field(f, "f")
+        return fold_boundary_values(f, self.grid, self.bc, boundary_values, self.coefficient)
+
+    def operator(self, u) -> jax.Array:
+        """Apply the homogeneous discrete operator ``A u`` (one device)."""
+        u = self._check_field(u, "u")
+        g = _internal_grid(self.grid)
+        a = None if self.coefficient is None else self.coefficient.astype(u.dtype)
+        faces = None if a is None else face_coefficients(a, g)
+        return apply_operator(u, g, parity_of(self.bc), faces)
+
+    def residual(self, u, f, boundary_values: Mapping[str, Any] | None = None) -> jax.Array:
+        """``f - A u`` with the boundary values folded into ``f``."""
+        return self.rhs(f, boundary_values) - self.operator(u)
+
+    def _compatible(self, f: jax.Array) -> jax.Array:
+        if not self.singular:
+            return f
+        mean = jnp.mean(f)
+        if self.compatibility == "project":
+            return f - mean
+        scale = jnp.max(jnp.abs(f))
+        tol = 100 * jnp.finfo(f.dtype).eps * scale * max(1.0, np.log2(f.size))
+        bad = jnp.abs(mean) > tol
+        msg = (
+            "f is incompatible with a periodic/Neumann problem: its mean (including folded "
+            "boundary fluxes) must vanish; subtract it or pass compatibility='project'"
+        )
+        if _concrete(bad):
+            if bool(bad):
+                raise ValueError(f"{msg} (mean {float(mean):.3g}, max |f| {float(scale):.3g})")
+            return f
+        return eqx.error_if(f, bad, msg)
+
+    # ------------------------------------------------------------------ solve
+    def _solve_local(self, grid: Grid, f, coefficient, coarse_inverse):
+        """Body run on each device (or once); ``grid`` is the local view."""
+        bc = self.bc
+        dtype = f.dtype
+        if self.method == "spectral":
+            if grid.is_sharded:
+                u = spectral_solve_sharded(f, grid, bc)
+            else:
+                u = spectral_solve_local(f, grid, bc)
+            zero = jnp.zeros((), dtype)
+            return u, mg.IterativeInfo(jnp.asarray(0), zero, jnp.asarray(True))
+
+        parity = parity_of(bc)
+        a = None if coefficient is None else coefficient.astype(dtype)
+        levels = self.levels
+        inv = None if coarse_inverse is None else coarse_inverse.astype(dtype)
+        data = mg.prepare(levels, parity, a, inv, self.singular, dtype)
+        cycle = mg.Multigrid(levels, parity, data, *self.smoothing, self.cycle)
+        fine = levels[0].grid
+        faces = data.faces[0]
+
+        def matvec(u):
+            return apply_operator(u, fine, parity, faces)
+
+        iterate = mg.conjugate_gradient if self.method == "cg" else mg.multigrid_iterate
+
+        def solve_fn(_matvec, b):
+            if self.singular:
+                b = mg.remove_mean(b, fine)
+            return iterate(
+                matvec, cycle, b, fine, self.singular, self.rtol, self.atol, self.max_iterations
+            )
+
+        u, info = lax.custom_linear_solve(matvec, f, solve_fn, symmetric=True, has_aux=True)
+        return u, info
+
+    def _run(self, f, coefficient):
+        grid = _internal_grid(self.grid)
+        fn = self._solve_local
+        if self.mesh is None or self.mesh.size == 1:
+            return fn(grid, f, coefficient, self.coarse_inverse)
+        local = decompose(grid, self.mesh)
+        spec = field_spec(grid, self.mesh)
+        rep = PartitionSpec()
+        info_spec = mg.IterativeInfo(rep, rep, rep)
+        a_spec = None if coefficient is None else spec
+        inv_spec = None if self.coarse_inverse is None else rep
+        return jax.shard_map(
+            lambda f_, a_, inv_: fn(local, f_, a_, inv_),
+            mesh=self.mesh,
+            in_specs=(spec, a_spec, inv_spec),
+            out_specs=(spec, info_spec),
+        )(f, coefficient, self.coarse_inverse)
+
+    @eqx.filter_jit
+    def solve(
+        self, f: Field, boundary_values: Mapping[str, Any] | None = None
+    ) -> PoissonSolution:
+        """Solve and report diagnostics.
+
+        **Arguments:**
+
+        - `f`: right-hand side at cell centres, the grid's shape (one field; ``jax.vmap``
+          for batches).
+        - `boundary_values`: inhomogeneous wall values, see
+          [`physjax.solvers.poisson.fold_boundary_values`][].
+
+        **Returns:** a [`physjax.solvers.poisson.PoissonSolution`][].
+        """
+        b = self._compatible(self.rhs(f, boundary_values))
+        u, info = self._run(b, self.coefficient)
+        if self.method == "spectral":
+            r = b - self.operator(u)
+            bn = jnp.sqrt(jnp.sum(b * b))
+            rel = jnp.sqrt(jnp.sum(r * r)) / jnp.where(bn > 0, bn, 1)
+            info = mg.IterativeInfo(info.iterations, rel, info.converged)
+        elif self.throw:
+            u = eqx.error_if(
+                u,
+                ~info.converged,
+                f"the {self.method} Poisson solve did not converge within max_iterations="
+                f"{self.max_iterations} to rtol={self.rtol:g}; raise max_iterations or the "
+                "tolerance, check the coefficient, or pass throw=False and read .converged",
+            )
+        return PoissonSolution(u, info.residual_norm, info.iterations, info.converged)
+
+    @eqx.filter_jit
+    def __call__(self, f: Field, boundary_values: Mapping[str, Any] | None = None) -> Field:
+        """The solution ``u`` of the grid's shape (see [`solve`][] for diagnostics)."""
+        b = self._compatible(self.rhs(f, boundary_values))
+        u, info = self._run(b, self.coefficient)
+        if self.method != "spectral" and self.throw:
+            u = eqx.error_if(
+                u,
+                ~info.converged,
+                f"the {self.method} Poisson solve did not converge within max_iterations="
+                f"{self.max_iterations} to rtol={self.rtol:g}; raise max_iterations or the "
+                "tolerance, or pass throw=False and call .solve to read .converged",
+            )
+        return u
+
+
+def solve(
+    f: Field,
+    grid: Grid,
+    bc: Any = None,
+    method: Method = "auto",
+    *,
+    coefficient: Any = None,
+    boundary_values: Mapping[str, Any] | None = None,
+    mesh: Mesh | None = None,
+    **options: Any,
+) -> Field:
+    r"""Solve ∇²u = f, or ∇·(a∇u) = f with ``coefficient=a``, on cell centres.
+
+    A one-call front end to [`physjax.solvers.poisson.PoissonSolver`][] (which see for the
+    discretisation, boundary conventions and every option); build the solver once
+    instead when solving repeatedly.
+
+    **Arguments:**
+
+    - `f`: right-hand side at cell centres, shape ``(ny, nx)`` or ``(nz, ny, nx)``.
+    - `grid`: the [`physjax.grids.Grid`][].
+    - `bc`: boundary conditions per axis (``"periodic"``, ``"dirichlet"``, ``"neumann"``).
+    - `method`: ``"spectral"``, ``"multigrid"``, ``"cg"`` or ``"auto"``.
+    - `coefficient`: cell-centred ``a > 0`` (multigrid/cg).
+    - `boundary_values`: ``{"x": (low, high), …}`` wall values (Dirichlet: ``u`` on the
+      wall; Neumann: ``∂u/∂x`` on the wall).
+    - `mesh`: device mesh for a multi-device solve.
+    - `options`: ``rtol``, ``atol``, ``max_iterations``, ``cycle``, ``smoothing``,
+      ``max_coarse``, ``compatibility``, ``throw``.
+
+    **Returns:** ``u``, the grid's shape.
+    """
+    solver = PoissonSolver(grid, bc, method, coefficient=coefficient, mesh=mesh, **options)
+    return solver(f, boundary_values)
