@@ -1,0 +1,125 @@
+"""Grids, halo filling, stencils and the parallel layer."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from physjax.grids import (
+    CENTRE,
+    X_FACE,
+    Y_FACE,
+    Grid,
+    diff_x_c2f,
+    diff_y_f2c,
+    fill_halo,
+    interior,
+    interp_x_c2f,
+    laplacian,
+)
+from physjax.parallel import make_mesh, shard, shard_map_fields
+
+
+def test_grid_geometry():
+    g = Grid((4, 8), (2.0, 8.0), periodic=(False, True), origin=(1.0, -4.0), dtype="float64")
+    assert g.spacing == (0.5, 1.0)
+    np.testing.assert_allclose(g.coordinates("x", "centre"), -4 + np.arange(8) + 0.5)
+    np.testing.assert_allclose(g.coordinates("y", "face"), 1 + 0.5 * np.arange(4))
+    y, x = g.mesh_coordinates(X_FACE)
+    assert y.shape == x.shape == (4, 8)
+    assert g.cell_volume == 0.5
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"shape": (0, 4), "extent": (1, 1)}, "ny must be a positive integer"),
+        ({"shape": (4, -1), "extent": (1, 1)}, "nx must be a positive integer"),
+        ({"shape": (4, 4), "extent": (1, 0)}, "Lx must be a finite number > 0"),
+        ({"shape": (4, 4), "extent": (1,)}, "extent must have 2 entries"),
+        ({"shape": (4,), "extent": (1,)}, "shape must have 2"),
+        ({"shape": (4, 4), "extent": (1, 1), "dtype": "int32"}, "dtype must be one of"),
+    ],
+)
+def test_grid_rejects_bad_input(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        Grid(**kwargs)
+
+
+def test_fill_halo_periodic_and_walls():
+    f = jnp.arange(12.0).reshape(3, 4)
+    p = fill_halo(f, Grid((3, 4), (1, 1), periodic=True, dtype="float64"))
+    np.testing.assert_array_equal(p[1:-1, 0], f[:, -1])
+    np.testing.assert_array_equal(p[0, 1:-1], f[-1])
+    assert p[0, 0] == f[-1, -1]
+    w = Grid((3, 4), (1, 1), periodic=False, dtype="float64")
+    even = fill_halo(f, w, CENTRE)
+    np.testing.assert_array_equal(even[1:-1, 0], f[:, 0])
+    odd = fill_halo(f, w, CENTRE, parity=(-1, -1))
+    np.testing.assert_array_equal(odd[1:-1, -1], -f[:, -1])
+    u = fill_halo(f, w, X_FACE)  # normal velocity: face 0 and face n on walls
+    np.testing.assert_array_equal(u[1:-1, 0], -f[:, 1])
+    np.testing.assert_array_equal(u[1:-1, -1], 0.0)
+    with pytest.raises(ValueError, match="does not match the grid"):
+        fill_halo(jnp.zeros((3, 5)), w)
+
+
+@pytest.mark.parametrize("periodic", [True, False])
+def test_stencils_second_order(periodic):
+    errs, dxs = [], []
+    for n in (16, 32, 64):
+        g = Grid((n, n), (1.0, 1.0), periodic=periodic, dtype="float64")
+        y, x = g.mesh_coordinates(CENTRE)
+        f = jnp.cos(2 * np.pi * x) * jnp.cos(2 * np.pi * y)  # even about the walls
+        p = fill_halo(f, g)
+        yf, xf = g.mesh_coordinates(X_FACE)
+        dfdx = interior(diff_x_c2f(p, g), g)
+        ref = -2 * np.pi * np.sin(2 * np.pi * xf) * np.cos(2 * np.pi * yf)
+        lap = interior(laplacian(p, g), g)
+        e1 = float(jnp.max(jnp.abs(dfdx - ref)))
+        e2 = float(jnp.max(jnp.abs(lap + 8 * np.pi**2 * f))) / (8 * np.pi**2)
+        avg = interior(interp_x_c2f(p), g)
+        e3 = float(jnp.max(jnp.abs(avg - np.cos(2 * np.pi * xf) * np.cos(2 * np.pi * yf))))
+        errs.append((e1, e2, e3))
+        dxs.append(g.dx)
+    errs = np.array(errs)
+    for k in range(3):
+        order = np.polyfit(np.log(dxs), np.log(errs[:, k]), 1)[0]
+        assert abs(order - 2) <= 0.15, (k, order)
+
+
+def test_diff_y_f2c_exact_on_linear():
+    g = Grid((8, 4), (8.0, 4.0), periodic=False, dtype="float64")
+    yf, _ = g.mesh_coordinates(Y_FACE)
+    v = jnp.asarray(yf * 3.0)
+    p = fill_halo(v, g, Y_FACE)
+    d = interior(diff_y_f2c(p, g), g)
+    np.testing.assert_allclose(d[:-1], 3.0, rtol=1e-14)
+
+
+def test_make_mesh_layouts_and_errors():
+    assert dict(make_mesh(4).shape) == {"y": 2, "x": 2}
+    assert dict(make_mesh(2).shape) == {"y": 2, "x": 1}
+    assert dict(make_mesh((1, 4)).shape) == {"y": 1, "x": 4}
+    with pytest.raises(ValueError, match="devices=16 requested but only 4"):
+        make_mesh(16)
+    with pytest.raises(ValueError, match="needs 2 positive entries"):
+        make_mesh((2, 0))
+
+
+@pytest.mark.multidevice
+@pytest.mark.parametrize("layout", [(4, 1), (2, 2), (1, 4)])
+@pytest.mark.parametrize("periodic", [(True, True), (False, True), (False, False)])
+def test_sharded_halo_equals_single_device(layout, periodic):
+    g = Grid((8, 16), (1.0, 2.0), periodic=periodic, dtype="float64")
+    f = jnp.asarray(np.random.default_rng(0).normal(size=g.shape))
+    mesh = make_mesh(layout)
+
+    def op(grid, a):
+        u = fill_halo(a, grid, X_FACE, parity=(-1, -1))
+        return interior(laplacian(u, grid) + diff_x_c2f(fill_halo(a, grid), grid), grid)
+
+    ref = op(g, f)
+    out = jax.jit(shard_map_fields(op, g, mesh))(shard(f, g, mesh))
+    assert float(jnp.max(jnp.abs(out - ref))) == 0.0
+    assert out.sharding.shard_shape(out.shape) == (8 // layout[0], 16 // layout[1])
