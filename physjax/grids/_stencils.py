@@ -5,22 +5,40 @@ maps faces to centres (index ``i`` uses ``i`` and ``i + 1``). Along one axis cor
 faces, so ``diff_x_c2f`` takes a v-point field to a corner and ``interp_y_f2c`` a corner to a
 u-point. They act on halo-padded fields (see [`physjax.grids.fill_halo`][]) and keep the
 shape: the outermost halo layer of the result is not meaningful, the interior is exact.
+Shifts are written as slice-and-zero-pad so that XLA fuses whole stencil expressions into
+a few loops.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from ._grid import Grid
 
 
+def _shift(f: jax.Array, k: int, axis: int) -> jax.Array:
+    """``out[i] = f[i - k]`` with zeros shifted in: a slice and a zero pad, both of which XLA
+    fuses into the consuming loop (``jnp.roll`` becomes a concatenate that it does not)."""
+    axis = axis % f.ndim
+    n = f.shape[axis]
+    config = [(0, 0, 0)] * f.ndim
+    if k > 0:
+        part = lax.slice_in_dim(f, 0, n - k, axis=axis)
+        config[axis] = (k, 0, 0)
+    else:
+        part = lax.slice_in_dim(f, -k, n, axis=axis)
+        config[axis] = (0, -k, 0)
+    return lax.pad(part, jnp.zeros((), f.dtype), config)
+
+
 def _back(f: jax.Array, axis: int) -> jax.Array:
-    return jnp.roll(f, 1, axis=axis)
+    return _shift(f, 1, axis)
 
 
 def _fwd(f: jax.Array, axis: int) -> jax.Array:
-    return jnp.roll(f, -1, axis=axis)
+    return _shift(f, -1, axis)
 
 
 def _diff_c2f(f, grid: Grid, axis: int):

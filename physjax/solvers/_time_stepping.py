@@ -32,22 +32,26 @@ def _lincomb(*pairs):
     return out
 
 
-def euler_step(rhs: RHS, y: PyTree, t, dt) -> PyTree:
+def _identity(y):
+    return y
+
+
+def euler_step(rhs: RHS, y: PyTree, t, dt, apply_bc=_identity) -> PyTree:
     """Forward Euler (first order); for tests and debugging."""
-    return _axpy(dt, rhs(y, t), y)
+    return apply_bc(_axpy(dt, rhs(y, t), y))
 
 
-def ssprk3_step(rhs: RHS, y: PyTree, t, dt) -> PyTree:
+def ssprk3_step(rhs: RHS, y: PyTree, t, dt, apply_bc=_identity) -> PyTree:
     """Three-stage, third-order strong-stability-preserving Runge–Kutta.
 
     Shu & Osher (1988), DOI 10.1016/0021-9991(88)90177-5. Stable for oscillatory modes with
-    ``|ω dt| ≤ √3``.
+    ``|ω dt| ≤ √3``. ``apply_bc`` is applied to every stage's state (e.g. to refresh halos).
     """
     # Written as y + c (w - y): weights like 1/3 + 2/3 do not sum to exactly 1 in float32,
     # which would create or destroy mass at every step.
-    y1 = _axpy(dt, rhs(y, t), y)
-    y2 = _toward(y, _axpy(dt, rhs(y1, t + dt), y1), 0.25)
-    return _toward(y, _axpy(dt, rhs(y2, t + 0.5 * dt), y2), 2 / 3)
+    y1 = apply_bc(_axpy(dt, rhs(y, t), y))
+    y2 = apply_bc(_toward(y, _axpy(dt, rhs(y1, t + dt), y1), 0.25))
+    return apply_bc(_toward(y, _axpy(dt, rhs(y2, t + 0.5 * dt), y2), 2 / 3))
 
 
 def _toward(y, w, c):
@@ -55,14 +59,14 @@ def _toward(y, w, c):
     return jax.tree.map(lambda yi, wi: yi + c * (wi - yi), y, w)
 
 
-def rk4_step(rhs: RHS, y: PyTree, t, dt) -> PyTree:
+def rk4_step(rhs: RHS, y: PyTree, t, dt, apply_bc=_identity) -> PyTree:
     """Classical four-stage, fourth-order Runge–Kutta; stable for ``|ω dt| ≤ 2√2``."""
     k1 = rhs(y, t)
-    k2 = rhs(_axpy(0.5 * dt, k1, y), t + 0.5 * dt)
-    k3 = rhs(_axpy(0.5 * dt, k2, y), t + 0.5 * dt)
-    k4 = rhs(_axpy(dt, k3, y), t + dt)
+    k2 = rhs(apply_bc(_axpy(0.5 * dt, k1, y)), t + 0.5 * dt)
+    k3 = rhs(apply_bc(_axpy(0.5 * dt, k2, y)), t + 0.5 * dt)
+    k4 = rhs(apply_bc(_axpy(dt, k3, y)), t + dt)
     incr = _lincomb((1 / 6, k1), (1 / 3, k2), (1 / 3, k3), (1 / 6, k4))
-    return _axpy(dt, incr, y)
+    return apply_bc(_axpy(dt, incr, y))
 
 
 #: Fixed-step schemes by name, with their order and their stability limit on the imaginary
@@ -94,15 +98,21 @@ def advance(step: Callable, y: PyTree, t0, dt, n_steps: int) -> PyTree:
 
 
 def integrate(
-    step: Callable, y0: PyTree, t0, dt, n_frames: int, save_every: int
+    step: Callable,
+    y0: PyTree,
+    t0,
+    dt,
+    n_frames: int,
+    save_every: int,
+    observe: Callable = _identity,
 ) -> PyTree:
-    """Advance ``n_frames × save_every`` steps, returning the ``n_frames`` states stacked on a
-    leading axis (the state after every ``save_every`` steps; ``y0`` is not included)."""
+    """Advance ``n_frames × save_every`` steps, returning ``observe(state)`` after every
+    ``save_every`` steps stacked on a leading axis (``y0`` is not included)."""
 
     def body(y, frame):
         t_start = t0 + frame * save_every * dt
         y = advance(step, y, t_start, dt, save_every)
-        return y, y
+        return y, observe(y)
 
     _, frames = lax.scan(body, y0, jnp.arange(n_frames))
     return frames

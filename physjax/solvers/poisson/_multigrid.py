@@ -33,6 +33,9 @@ from jax import lax
 from ...grids import Grid, fill_halo
 from ._operator import apply_operator, face_coefficients, operator_diagonal
 
+import os
+OMEGA = float(os.environ.get("MG_OMEGA", "1.0"))
+
 
 class Level(NamedTuple):
     grid: Grid  # as seen from one device
@@ -234,7 +237,7 @@ class Multigrid:
 
     def _half_sweep(self, k, u, f, mask):
         r = f - self.apply(k, u)
-        return u + mask * r / self.data.diag[k]
+        return u + OMEGA * mask * r / self.data.diag[k]
 
     def _smooth(self, k, u, f, sweeps, reverse):
         red = self.data.red[k]

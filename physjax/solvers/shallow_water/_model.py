@@ -17,9 +17,7 @@ from ...grids import (
     Y_FACE,
     Grid,
     diff_x_c2f,
-    diff_x_f2c,
     diff_y_c2f,
-    diff_y_f2c,
     fill_halo,
     interior,
     interp_x_c2f,
@@ -196,42 +194,97 @@ class ShallowWater(eqx.Module):
     def _tangential_parity(self) -> int:
         return 1 if self.boundary == "free-slip" else -1
 
-    def rhs(self, state: ShallowWaterState, t: ArrayLike = 0.0) -> ShallowWaterState:
-        """Tendencies ``(∂h/∂t, ∂u/∂t, ∂v/∂t)`` at time ``t`` [s]."""
-        g = self.grid
+    def _bc(self) -> dict[str, tuple]:
         p = self._tangential_parity()
-        h = fill_halo(state.h, g, CENTRE)
-        u = fill_halo(state.u, g, X_FACE, parity=(p, -1))
-        v = fill_halo(state.v, g, Y_FACE, parity=(-1, p))
-        y_corner = g.local_coordinates("y", "face", padded=True)[:, None]
-        f = self.coriolis_at(y_corner)
+        return {"h": (CENTRE, (1, 1)), "u": (X_FACE, (p, -1)), "v": (Y_FACE, (-1, p))}
 
-        U = interp_x_c2f(h) * u
-        V = interp_y_c2f(h) * v
-        zeta = diff_x_c2f(v, g) - diff_y_c2f(u, g)
-        q = (f + zeta) / interp_y_c2f(interp_x_c2f(h))
-        kinetic = 0.5 * (interp_x_f2c(u * u) + interp_y_f2c(v * v))
-        surface = h if self.bottom is None else h + fill_halo(self.bottom, g, CENTRE)
-        bernoulli = self.gravity * surface + kinetic
+    def _pad(self, state: ShallowWaterState) -> ShallowWaterState:
+        """The state with halos holding the boundary conditions (and neighbours' data)."""
+        bc = self._bc()
+        return ShallowWaterState(
+            **{k: fill_halo(getattr(state, k), self.grid, *bc[k]) for k in ("h", "u", "v")}
+        )
 
-        dh = -(diff_x_f2c(U, g) + diff_y_f2c(V, g))
-        du = interp_y_f2c(q * interp_x_c2f(V)) - diff_x_c2f(bernoulli, g)
-        dv = -interp_x_f2c(q * interp_y_c2f(U)) - diff_y_c2f(bernoulli, g)
+    def _unpad(self, padded: ShallowWaterState) -> ShallowWaterState:
+        return jax.tree.map(lambda a: interior(a, self.grid), padded)
+
+    def _padded_bottom(self) -> Array | None:
+        return None if self.bottom is None else fill_halo(self.bottom, self.grid, CENTRE)
+
+    def _tendency(
+        self, padded: ShallowWaterState, t: ArrayLike, bottom: Array | None
+    ) -> ShallowWaterState:
+        """Interior tendencies from a halo-padded state (halo width 1).
+
+        Every term is written as slices of the padded fields over exactly the index window it
+        is needed on, so that XLA fuses the whole right-hand side into a few loops (see
+        docs/benchmarks.md); it is the same arithmetic as the staggered operators in
+        [`physjax.grids`][]: ``U = h̄ˣu``, ``V = h̄ʸv``, ``q = (f + ζ)/h̄ˣʸ`` at corners,
+        ``B = g(h + b) + K``.
+        """
+        g = self.grid
+        ny, nx = g.local_shape
+        dx, dy = g.dx, g.dy
+        h, u, v = padded.h, padded.u, padded.v
+
+        def win(a, origin, j0, j1, i0, i1):
+            # Rows j0..j1-1, columns i0..i1-1 (local indices; the halo is -1 and n) of an
+            # array whose first element sits at local index ``origin``.
+            return a[j0 - origin[0] : j1 - origin[0], i0 - origin[1] : i1 - origin[1]]
+
+        P = (-1, -1)  # origin of padded fields
+        # Mass fluxes: U on x-faces rows -1..ny, columns 0..nx; V on y-faces rows 0..ny,
+        # columns -1..nx.
+        U = 0.5 * (win(h, P, -1, ny + 1, 0, nx + 1) + win(h, P, -1, ny + 1, -1, nx))
+        U = U * win(u, P, -1, ny + 1, 0, nx + 1)
+        V = 0.5 * (win(h, P, 0, ny + 1, -1, nx + 1) + win(h, P, -1, ny, -1, nx + 1))
+        V = V * win(v, P, 0, ny + 1, -1, nx + 1)
+        # Potential vorticity at corners 0..ny, 0..nx.
+        zeta = (win(v, P, 0, ny + 1, 0, nx + 1) - win(v, P, 0, ny + 1, -1, nx)) / dx - (
+            win(u, P, 0, ny + 1, 0, nx + 1) - win(u, P, -1, ny, 0, nx + 1)
+        ) / dy
+        h_corner = 0.25 * (
+            win(h, P, 0, ny + 1, 0, nx + 1)
+            + win(h, P, -1, ny, 0, nx + 1)
+            + win(h, P, 0, ny + 1, -1, nx)
+            + win(h, P, -1, ny, -1, nx)
+        )
+        y_corner = g.local_coordinates("y", "face", padded=True)[1:, None]
+        q = (self.coriolis_at(y_corner) + zeta) / h_corner
+        qV = q * 0.5 * (win(V, (0, -1), 0, ny + 1, 0, nx + 1) + win(V, (0, -1), 0, ny + 1, -1, nx))
+        qU = q * 0.5 * (win(U, (-1, 0), 0, ny + 1, 0, nx + 1) + win(U, (-1, 0), -1, ny, 0, nx + 1))
+        # Bernoulli function at centres -1..ny-1, -1..nx-1.
+        u2 = win(u, P, -1, ny, -1, nx + 1) ** 2
+        v2 = win(v, P, -1, ny + 1, -1, nx) ** 2
+        kinetic = 0.25 * (u2[:, :-1] + u2[:, 1:] + v2[:-1] + v2[1:])
+        surface = win(h, P, -1, ny, -1, nx)
+        if bottom is not None:
+            surface = surface + win(bottom, P, -1, ny, -1, nx)
+        B = self.gravity * surface + kinetic
+
+        dh = -(
+            (win(U, (-1, 0), 0, ny, 1, nx + 1) - win(U, (-1, 0), 0, ny, 0, nx)) / dx
+            + (win(V, (0, -1), 1, ny + 1, 0, nx) - win(V, (0, -1), 0, ny, 0, nx)) / dy
+        )
+        du = 0.5 * (qV[:-1, :-1] + qV[1:, :-1]) - (B[1:, 1:] - B[1:, :-1]) / dx
+        dv = -0.5 * (qU[:-1, :-1] + qU[:-1, 1:]) - (B[1:, 1:] - B[:-1, 1:]) / dy
+        u_c, v_c = win(u, P, 0, ny, 0, nx), win(v, P, 0, ny, 0, nx)
         if self.viscosity is not None:
-            # ∇²u with the wall conditions (free- or no-slip) held by the halo.
-            lap_u = diff_x_c2f(diff_x_f2c(u, g), g) + diff_y_f2c(diff_y_c2f(u, g), g)
-            lap_v = diff_x_f2c(diff_x_c2f(v, g), g) + diff_y_c2f(diff_y_f2c(v, g), g)
-            du = du + self.viscosity * lap_u
-            dv = dv + self.viscosity * lap_v
+            # Five-point Laplacians; walls (free- or no-slip) are held by the halo.
+            def lap(a, c):
+                return (win(a, P, 0, ny, 1, nx + 1) - 2 * c + win(a, P, 0, ny, -1, nx - 1)) / dx**2 + (
+                    win(a, P, 1, ny + 1, 0, nx) - 2 * c + win(a, P, -1, ny - 1, 0, nx)
+                ) / dy**2
 
-        dh, du, dv = interior(dh, g), interior(du, g), interior(dv, g)
+            du = du + self.viscosity * lap(u, u_c)
+            dv = dv + self.viscosity * lap(v, v_c)
         if self.drag is not None:
-            du = du - self.drag * state.u
-            dv = dv - self.drag * state.v
+            du = du - self.drag * u_c
+            dv = dv - self.drag * v_c
         if self.wind_stress is not None:
-            hc = interior(h, g)
-            h_u = 0.5 * (hc + interior(jnp.roll(h, 1, axis=1), g))
-            h_v = 0.5 * (hc + interior(jnp.roll(h, 1, axis=0), g))
+            h_c = win(h, P, 0, ny, 0, nx)
+            h_u = 0.5 * (h_c + win(h, P, 0, ny, -1, nx - 1))
+            h_v = 0.5 * (h_c + win(h, P, -1, ny - 1, 0, nx))
             du = du + self.wind_stress[0] / (self.density * h_u)
             dv = dv + self.wind_stress[1] / (self.density * h_v)
         if not g.periodic[1]:
@@ -240,9 +293,22 @@ class ShallowWater(eqx.Module):
             dv = jnp.where(g.local_index(0)[:, None] == 0, 0, dv)
         return ShallowWaterState(h=dh, u=du, v=dv)
 
+    def rhs(self, state: ShallowWaterState, t: ArrayLike = 0.0) -> ShallowWaterState:
+        """Tendencies ``(∂h/∂t, ∂u/∂t, ∂v/∂t)`` at time ``t`` [s]."""
+        return self._tendency(self._pad(state), t, self._padded_bottom())
+
+    def _step(self, state, t, dt, bottom):
+        def rhs(y, t):
+            # One materialised padded copy per field and stage; every stencil window below
+            # is then a slice that XLA fuses into the loop consuming it.
+            padded = jax.lax.optimization_barrier(self._pad(y))
+            return self._tendency(padded, t, bottom)
+
+        return scheme(self.scheme)(rhs, state, t, dt)
+
     def step(self, state: ShallowWaterState, t: ArrayLike, dt: ArrayLike) -> ShallowWaterState:
         """One step of the fixed-step scheme."""
-        return scheme(self.scheme)(self.rhs, state, t, dt)
+        return self._step(state, t, dt, self._padded_bottom())
 
     # -------------------------------------------------------------- diagnostics
     def mass(self, state: ShallowWaterState) -> Array:
@@ -389,14 +455,17 @@ def _with_grid(model: ShallowWater, grid: Grid) -> ShallowWater:
     return eqx.tree_at(lambda m: m.grid, model, grid)
 
 
+def _stepper(model: ShallowWater):
+    bottom = model._padded_bottom()
+    return lambda y, t, dt: model._step(y, t, dt, bottom)
+
+
 @eqx.filter_jit
 def _advance(model, state, t0, dt, n_steps, mesh):
     def body(grid, model, state, t0, dt):
         model = _with_grid(model, grid)
-        return advance(model.step, state, t0, dt, n_steps)
+        return advance(_stepper(model), state, t0, dt, n_steps)
 
-    t0 = jnp.asarray(t0, model.grid.dtype)
-    dt = jnp.asarray(dt, model.grid.dtype)
     return shard_map_fields(body, model.grid, mesh)(model, state, t0, dt)
 
 
@@ -404,8 +473,6 @@ def _advance(model, state, t0, dt, n_steps, mesh):
 def _run_frames(model, state, t0, dt, n_frames, save_every, mesh):
     def body(grid, model, state, t0, dt):
         model = _with_grid(model, grid)
-        return integrate(model.step, state, t0, dt, n_frames, save_every)
+        return integrate(_stepper(model), state, t0, dt, n_frames, save_every)
 
-    t0 = jnp.asarray(t0, model.grid.dtype)
-    dt = jnp.asarray(dt, model.grid.dtype)
     return shard_map_fields(body, model.grid, mesh)(model, state, t0, dt)
