@@ -48,12 +48,11 @@ def _points(n=4, d=3, seed=1):
 
 MODELS = [
     ("mlp", 2, "tanh"),
-    ("mlp", 5, "sin"),
-    ("mlp", 8, "gelu"),
+    ("mlp", 8, "sin"),
+    ("mlp", 4, "gelu"),
     ("fourier", 2, "tanh"),
-    ("modified", 4, "tanh"),
-    ("modified", 2, "gelu"),
-    ("eqx", 3, "tanh"),
+    ("modified", 3, "gelu"),
+    ("eqx", 2, "tanh"),
 ]
 
 
