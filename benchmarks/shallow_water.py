@@ -1,0 +1,175 @@
+"""Shallow-water speed: physjax against a plain vectorised NumPy version of the same scheme.
+
+Prints, for each grid size and precision: steps/s and cell-updates/s of physjax and of
+NumPy, the speed-up, the cost per cell-update, the number of XLA fusions per RK3 step, and
+the fraction of the machine's memory bandwidth reached (minimum traffic: the three prognostic
+fields read and written once per stage, 18·N²·itemsize bytes per step). The bandwidth is
+measured here by a STREAM-like in-place add. Writes JSON to benchmarks/results/.
+
+    python benchmarks/shallow_water.py                       # 256² … 2048², float32 and float64
+    python benchmarks/shallow_water.py --sizes 4096 --dtypes float32 --no-numpy   # GPU check
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+import jax  # noqa: E402
+
+jax.config.update("jax_enable_x64", True)
+import jax.numpy as jnp  # noqa: E402
+import sw_numpy  # noqa: E402
+
+from physjax.grids import CENTRE, Grid  # noqa: E402
+from physjax.solvers import ShallowWater  # noqa: E402
+
+G, F0, L, H = 9.81, 1e-4, 4.0e6, 500.0
+
+
+def _timeit(fn, min_time=1.0, repeats=3):
+    """Median over ``repeats`` of the time per call, each repeat lasting ≥ min_time."""
+    fn()  # warm (compile)
+    t0 = time.perf_counter()
+    fn()
+    one = time.perf_counter() - t0
+    reps = max(1, int(min_time / max(one, 1e-9)))
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        out.append((time.perf_counter() - t0) / reps)
+    return float(np.median(out))
+
+
+def bandwidth(gib: float = 1.0) -> dict:
+    """STREAM-like in-place add a += b: 3 × size bytes moved (read a, read b, write a)."""
+    n = int(gib * 2**30 / 8 / 2)
+    a = np.ones(n)
+    b = np.ones(n)
+
+    def np_add():
+        np.add(a, b, out=a)
+
+    t_np = _timeit(np_add, 0.5)
+    ja, jb = jnp.ones(n), jnp.ones(n)
+    add = jax.jit(lambda x, y: x + y, donate_argnums=0)
+    state = {"a": ja}
+
+    def jax_add():
+        state["a"] = add(state["a"], jb)
+        state["a"].block_until_ready()
+
+    t_jax = _timeit(jax_add, 0.5)
+    bytes_moved = 3 * n * 8
+    return {"numpy_GBps": bytes_moved / t_np / 1e9, "jax_GBps": bytes_moved / t_jax / 1e9}
+
+
+def make(n: int, dtype: str):
+    grid = Grid((n, n), (L, L), periodic=True, dtype=dtype)
+    model = ShallowWater(grid, gravity=G, coriolis=F0)
+    y, x = grid.mesh_coordinates(CENTRE)
+    h = H + 10 * np.exp(-((x - L / 2) ** 2 + (y - L / 2) ** 2) / (L / 8) ** 2)
+    state = model.initial_state(h)
+    dt = float(model.max_stable_dt(state, 0.5))
+    return model, state, dt
+
+
+def count_fusions(model, state, dt) -> int:
+    """Fusion kernels in the compiled loop body of one RK3 step (inside the scan)."""
+    fn = jax.jit(lambda s: model.advance(s, t0=0.0, dt=dt, n_steps=2))
+    text = fn.lower(state).compile().as_text()
+    blocks = re.findall(r"\n(%[^\n]*\{\n.*?\n\})", text, re.S)
+    best = 0
+    for block in blocks:
+        head = block.split("\n", 1)[0]
+        if "fused" in head or "wrapped" in head:
+            continue
+        n_fusions = len(re.findall(r"= \S+ fusion\(", block))
+        best = max(best, n_fusions)
+    return best
+
+
+def bench_physjax(n, dtype, steps):
+    model, state, dt = make(n, dtype)
+    fn = lambda: jax.block_until_ready(model.advance(state, t0=0.0, dt=dt, n_steps=steps))
+    t = _timeit(fn, 1.0) / steps
+    return t, count_fusions(model, state, dt)
+
+
+def bench_numpy(n, dtype, min_steps=2):
+    model, state, dt = make(n, dtype)
+    h, u, v = (np.asarray(a) for a in (state.h, state.u, state.v))
+    grid = model.grid
+    kw = dict(g=G, f=F0, dx=grid.dx, dy=grid.dy)
+    out = sw_numpy.ssprk3(h, u, v, float(dt), **kw)
+    assert out[0].dtype == np.dtype(dtype)
+    # the two implementations agree
+    ref = model.step(state, 0.0, dt)
+    err = float(np.max(np.abs(out[0] - np.asarray(ref.h))) / H)
+
+    def run():
+        sw_numpy.ssprk3(h, u, v, float(dt), **kw)
+
+    return _timeit(run, 1.0, repeats=min_steps), err
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048])
+    p.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
+    p.add_argument("--no-numpy", action="store_true", help="skip the NumPy baseline")
+    p.add_argument("--output", default=os.path.join(HERE, "results", "shallow_water.json"))
+    args = p.parse_args(argv)
+
+    device = jax.devices()[0]
+    bw = bandwidth(0.5 if device.platform == "cpu" else 2.0)
+    bw_ref = max(bw.values())
+    print(f"device: {device.device_kind} ({device.platform}), {os.cpu_count()} CPU cores")
+    print(f"memory bandwidth (in-place add): numpy {bw['numpy_GBps']:.1f} GB/s, "
+          f"jax {bw['jax_GBps']:.1f} GB/s")
+    header = (f"{'N':>6} {'dtype':>8} {'physjax s/step':>15} {'Mcell/s':>9} {'ns/cell':>8} "
+              f"{'numpy s/step':>13} {'speed-up':>9} {'fusions':>8} {'%bw':>6}")
+    print(header)
+    rows = []
+    for dtype in args.dtypes:
+        for n in args.sizes:
+            steps = max(2, int(2e7 / n**2))
+            t_px, fusions = bench_physjax(n, dtype, steps)
+            t_np, err = (None, None) if args.no_numpy else bench_numpy(n, dtype)
+            itemsize = np.dtype(dtype).itemsize
+            frac = 18 * n * n * itemsize / t_px / 1e9 / bw_ref
+            row = {
+                "n": n, "dtype": dtype, "physjax_s_per_step": t_px,
+                "physjax_cell_updates_per_s": n * n / t_px, "ns_per_cell_update": t_px / n**2 * 1e9,
+                "numpy_s_per_step": t_np, "speedup": None if t_np is None else t_np / t_px,
+                "fusions_per_step": fusions, "bandwidth_fraction": frac, "numpy_max_rel_diff": err,
+            }
+            rows.append(row)
+            np_txt = "-" if t_np is None else f"{t_np:.3e}"
+            sp_txt = "-" if t_np is None else f"{t_np / t_px:.2f}x"
+            print(f"{n:>6} {dtype:>8} {t_px:>15.3e} {n * n / t_px / 1e6:>9.1f} "
+                  f"{t_px / n**2 * 1e9:>8.2f} {np_txt:>13} {sp_txt:>9} {fusions:>8} {100 * frac:>5.1f}%",
+                  flush=True)
+    os.makedirs(os.path.dirname(args.output), exist_ok=True)
+    with open(args.output, "w") as f:
+        json.dump({"device": device.device_kind, "platform": device.platform,
+                   "machine": platform.machine(), "cpu_count": os.cpu_count(),
+                   "bandwidth": bw, "rows": rows}, f, indent=1)
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
