@@ -69,6 +69,19 @@ def test_resume_equals_uninterrupted_bit_for_bit(tmp_path):
             assert np.array_equal(a[name].values, b[name].values), name
 
 
+@pytest.mark.multidevice
+def test_devices_option_matches_single_device(tmp_path):
+    args = ["--case", "wind-gyre", "--n", "16", "--t-end", "200000", "--save-every", "20",
+            "--precision", "float64", "--quiet"]
+    one, four = tmp_path / "one.h5", tmp_path / "four.h5"
+    assert main(["shallow-water", *args, "--output", str(one)]) == 0
+    assert main(["shallow-water", *args, "--devices", "2x2", "--output", str(four)]) == 0
+    with xr.open_dataset(one) as a, xr.open_dataset(four) as b:
+        assert b.attrs["status"] == "complete"
+        assert float(abs(a["u"] - b["u"]).max()) <= 1e-12
+        assert float(abs(b["u"].isel(time=-1)).max()) > 1e-4  # the wind did spin it up
+
+
 def test_blow_up_stops_with_step_and_keeps_frames(tmp_path, capsys):
     out = tmp_path / "boom.h5"
     code = main(["shallow-water", "--case", "geostrophic-adjustment", "--n", "16", "--dt", "6000",
