@@ -49,8 +49,12 @@ def plot_panels(path: str | os.PathLike, output: str | os.PathLike, frame: int =
         fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False)
         for ax, (var, label, units, cmap) in zip(axes[0], panels):
             x, y = _axes_km(ds, var.dims[-2:])
-            data = np.asarray(var)
+            data = np.asarray(var, dtype=float)
             vmax = float(np.nanmax(np.abs(data))) or 1.0
+            exponent = int(np.floor(np.log10(vmax)))
+            if abs(exponent) >= 3:  # put the power of ten in the label, not over the bar
+                data, vmax = data / 10.0**exponent, vmax / 10.0**exponent
+                units = f"$10^{{{exponent}}}$ {units}"
             kwargs = {"vmin": -vmax, "vmax": vmax} if cmap != "viridis" else {}
             im = ax.pcolormesh(x, y, data, cmap=cmap, shading="auto", **kwargs)
             ax.set_aspect("equal")
