@@ -138,10 +138,14 @@ def main(argv=None):
     bw = bandwidth(0.5 if device.platform == "cpu" else 2.0)
     bw_ref = max(bw.values())
     print(f"device: {device.device_kind} ({device.platform}), {os.cpu_count()} CPU cores")
-    print(f"memory bandwidth (in-place add): numpy {bw['numpy_GBps']:.1f} GB/s, "
-          f"jax {bw['jax_GBps']:.1f} GB/s")
-    header = (f"{'N':>6} {'dtype':>8} {'physjax s/step':>15} {'Mcell/s':>9} {'ns/cell':>8} "
-              f"{'numpy s/step':>13} {'speed-up':>9} {'fusions':>8} {'%bw':>6}")
+    print(
+        f"memory bandwidth (in-place add): numpy {bw['numpy_GBps']:.1f} GB/s, "
+        f"jax {bw['jax_GBps']:.1f} GB/s"
+    )
+    header = (
+        f"{'N':>6} {'dtype':>8} {'physjax s/step':>15} {'Mcell/s':>9} {'ns/cell':>8} "
+        f"{'numpy s/step':>13} {'speed-up':>9} {'fusions':>8} {'%bw':>6}"
+    )
     print(header)
     rows = []
     for dtype in args.dtypes:
@@ -152,22 +156,40 @@ def main(argv=None):
             itemsize = np.dtype(dtype).itemsize
             frac = 18 * n * n * itemsize / t_px / 1e9 / bw_ref
             row = {
-                "n": n, "dtype": dtype, "physjax_s_per_step": t_px,
-                "physjax_cell_updates_per_s": n * n / t_px, "ns_per_cell_update": t_px / n**2 * 1e9,
-                "numpy_s_per_step": t_np, "speedup": None if t_np is None else t_np / t_px,
-                "fusions_per_step": fusions, "bandwidth_fraction": frac, "numpy_max_rel_diff": err,
+                "n": n,
+                "dtype": dtype,
+                "physjax_s_per_step": t_px,
+                "physjax_cell_updates_per_s": n * n / t_px,
+                "ns_per_cell_update": t_px / n**2 * 1e9,
+                "numpy_s_per_step": t_np,
+                "speedup": None if t_np is None else t_np / t_px,
+                "fusions_per_step": fusions,
+                "bandwidth_fraction": frac,
+                "numpy_max_rel_diff": err,
             }
             rows.append(row)
             np_txt = "-" if t_np is None else f"{t_np:.3e}"
             sp_txt = "-" if t_np is None else f"{t_np / t_px:.2f}x"
-            print(f"{n:>6} {dtype:>8} {t_px:>15.3e} {n * n / t_px / 1e6:>9.1f} "
-                  f"{t_px / n**2 * 1e9:>8.2f} {np_txt:>13} {sp_txt:>9} {fusions:>8} {100 * frac:>5.1f}%",
-                  flush=True)
+            print(
+                f"{n:>6} {dtype:>8} {t_px:>15.3e} {n * n / t_px / 1e6:>9.1f} "
+                f"{t_px / n**2 * 1e9:>8.2f} {np_txt:>13} {sp_txt:>9} {fusions:>8} "
+                f"{100 * frac:>5.1f}%",
+                flush=True,
+            )
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     with open(args.output, "w") as f:
-        json.dump({"device": device.device_kind, "platform": device.platform,
-                   "machine": platform.machine(), "cpu_count": os.cpu_count(),
-                   "bandwidth": bw, "rows": rows}, f, indent=1)
+        json.dump(
+            {
+                "device": device.device_kind,
+                "platform": device.platform,
+                "machine": platform.machine(),
+                "cpu_count": os.cpu_count(),
+                "bandwidth": bw,
+                "rows": rows,
+            },
+            f,
+            indent=1,
+        )
     print(f"wrote {args.output}")
 
 

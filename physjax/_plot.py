@@ -37,7 +37,14 @@ def plot_panels(path: str | os.PathLike, output: str | os.PathLike, frame: int =
         else:
             for name, var in sel.data_vars.items():
                 if var.ndim == 2 and name != "grid":
-                    panels.append((var, var.attrs.get("long_name", name), var.attrs.get("units", ""), "viridis"))
+                    panels.append(
+                        (
+                            var,
+                            var.attrs.get("long_name", name),
+                            var.attrs.get("units", ""),
+                            "viridis",
+                        )
+                    )
                 if len(panels) == 3:
                     break
         if not panels:

@@ -20,8 +20,19 @@ import numpy as np
 
 #: Settings a run subcommand accepts (also the keys allowed at the top of a config file).
 RUN_KEYS = (
-    "case", "nx", "ny", "n", "t_end", "dt", "cfl", "save_every", "precision", "devices",
-    "output", "plot", "cfl_check",
+    "case",
+    "nx",
+    "ny",
+    "n",
+    "t_end",
+    "dt",
+    "cfl",
+    "save_every",
+    "precision",
+    "devices",
+    "output",
+    "plot",
+    "cfl_check",
 )
 
 
@@ -128,23 +139,55 @@ def _check_plot_path(path: str | None) -> None:
 
 def add_run_options(p: argparse.ArgumentParser, cases: list[str], default_case: str) -> None:
     """The options every run subcommand shares."""
-    p.add_argument("--case", choices=None, help=f"one of: {', '.join(cases)} (default {default_case})")
+    p.add_argument(
+        "--case", choices=None, help=f"one of: {', '.join(cases)} (default {default_case})"
+    )
     p.add_argument("--nx", type=int, help="cells in x (default: the case's)")
     p.add_argument("--ny", type=int, help="cells in y (default: the case's)")
     p.add_argument("--n", type=int, help="cells in x and y (sets both)")
     p.add_argument("--t-end", dest="t_end", type=float, help="end time [s] (default: the case's)")
     p.add_argument("--dt", type=float, help="time step [s]; checked against the CFL limit")
-    p.add_argument("--cfl", type=float, help="choose dt as this fraction of the stability limit (default 0.5)")
-    p.add_argument("--save-every", dest="save_every", type=int, help="steps between frames (default: ~20 frames)")
+    p.add_argument(
+        "--cfl", type=float, help="choose dt as this fraction of the stability limit (default 0.5)"
+    )
+    p.add_argument(
+        "--save-every",
+        dest="save_every",
+        type=int,
+        help="steps between frames (default: ~20 frames)",
+    )
     p.add_argument("--precision", choices=None, help="float32 (default) or float64")
-    p.add_argument("--devices", type=_parse_devices, help="devices to split the grid over: a count (4) or layout (2x2)")
+    p.add_argument(
+        "--devices",
+        type=_parse_devices,
+        help="devices to split the grid over: a count (4) or layout (2x2)",
+    )
     p.add_argument("--output", help="NetCDF4/HDF5 output file (default <case>.h5)")
     p.add_argument("--plot", help="quick-look PNG of the last frame")
     p.add_argument("--config", help="TOML file of settings and a [parameters] table")
-    p.add_argument("--param", action="append", type=_parse_param, metavar="NAME=VALUE", help="override a physical parameter of the case (repeatable)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --output from its last frame")
-    p.add_argument("--max-frames", dest="max_frames", type=int, help="stop (resumably) after writing this many frames")
-    p.add_argument("--no-cfl-check", dest="cfl_check", action="store_false", default=None, help="run even if --dt exceeds the estimated stability limit")
+    p.add_argument(
+        "--param",
+        action="append",
+        type=_parse_param,
+        metavar="NAME=VALUE",
+        help="override a physical parameter of the case (repeatable)",
+    )
+    p.add_argument(
+        "--resume", action="store_true", help="continue the run in --output from its last frame"
+    )
+    p.add_argument(
+        "--max-frames",
+        dest="max_frames",
+        type=int,
+        help="stop (resumably) after writing this many frames",
+    )
+    p.add_argument(
+        "--no-cfl-check",
+        dest="cfl_check",
+        action="store_false",
+        default=None,
+        help="run even if --dt exceeds the estimated stability limit",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -162,8 +205,14 @@ def _sw_variables():
     ]
 
 
-def run_shallow_water(settings: dict, *, resume: bool = False, max_frames: int | None = None,
-                      quiet: bool = False, out=sys.stdout) -> dict:
+def run_shallow_water(
+    settings: dict,
+    *,
+    resume: bool = False,
+    max_frames: int | None = None,
+    quiet: bool = False,
+    out=sys.stdout,
+) -> dict:
     """Run a shallow-water case from resolved settings; returns a summary dict.
 
     All settings are validated, the case built and ``dt`` checked before the output file is
@@ -193,7 +242,6 @@ def run_shallow_water(settings: dict, *, resume: bool = False, max_frames: int |
     setup_jax(precision, devices)
 
     import jax
-    import jax.numpy as jnp
 
     from ._runner import SimulationBlewUp, drive, to_numpy
     from .parallel import decompose, make_mesh, shard
@@ -208,7 +256,11 @@ def run_shallow_water(settings: dict, *, resume: bool = False, max_frames: int |
     model, state = case.model, case.state
     grid = model.grid
 
-    t_end = case.t_end if settings.get("t_end") is None else _positive_number("--t-end", settings["t_end"])
+    t_end = (
+        case.t_end
+        if settings.get("t_end") is None
+        else _positive_number("--t-end", settings["t_end"])
+    )
     cfl_check = settings.get("cfl_check")
     cfl_check = True if cfl_check is None else bool(cfl_check)
     if settings.get("dt") is not None:
@@ -219,11 +271,17 @@ def run_shallow_water(settings: dict, *, resume: bool = False, max_frames: int |
     else:
         cfl = 0.5 if settings.get("cfl") is None else _positive_number("--cfl", settings["cfl"])
         if cfl > 1:
-            raise ValueError(f"--cfl must be in (0, 1] (a fraction of the stability limit), got {cfl}")
+            raise ValueError(
+                f"--cfl must be in (0, 1] (a fraction of the stability limit), got {cfl}"
+            )
         n_steps = max(1, math.ceil(t_end / model.max_stable_dt(state, cfl)))
         dt = t_end / n_steps
     save_every = settings.get("save_every")
-    save_every = max(1, n_steps // 20) if save_every is None else _positive_number("--save-every", save_every, integer=True)
+    save_every = (
+        max(1, n_steps // 20)
+        if save_every is None
+        else _positive_number("--save-every", save_every, integer=True)
+    )
 
     mesh = None
     if devices != 1:
@@ -235,10 +293,20 @@ def run_shallow_water(settings: dict, *, resume: bool = False, max_frames: int |
     plot = settings.get("plot")
     _check_plot_path(plot)
     resolved = {
-        "command": "shallow-water", "case": case_name, "nx": grid.shape[1], "ny": grid.shape[0],
-        "t_end": t_end, "dt": dt, "n_steps": n_steps, "save_every": save_every,
-        "precision": precision, "devices": list(devices) if isinstance(devices, tuple) else devices,
-        "output": output, "plot": plot, "cfl_check": cfl_check, "parameters": params,
+        "command": "shallow-water",
+        "case": case_name,
+        "nx": grid.shape[1],
+        "ny": grid.shape[0],
+        "t_end": t_end,
+        "dt": dt,
+        "n_steps": n_steps,
+        "save_every": save_every,
+        "precision": precision,
+        "devices": list(devices) if isinstance(devices, tuple) else devices,
+        "output": output,
+        "plot": plot,
+        "cfl_check": cfl_check,
+        "parameters": params,
         "scheme": model.scheme,
     }
     variables = _sw_variables()
@@ -248,8 +316,12 @@ def run_shallow_water(settings: dict, *, resume: bool = False, max_frames: int |
         return model.relative_vorticity(state)
 
     def fields_of(state):
-        return {"h": to_numpy(state.h), "u": to_numpy(state.u), "v": to_numpy(state.v),
-                "zeta": to_numpy(diagnose(state))}
+        return {
+            "h": to_numpy(state.h),
+            "u": to_numpy(state.u),
+            "v": to_numpy(state.v),
+            "zeta": to_numpy(diagnose(state)),
+        }
 
     if resume:
         writer = NetCDFWriter.reopen(output, grid, variables)
@@ -262,11 +334,19 @@ def run_shallow_water(settings: dict, *, resume: bool = False, max_frames: int |
 
         check_writable(output)
         writer = NetCDFWriter(
-            output, grid, variables,
-            attrs={"title": f"physjax shallow-water: {case.description}", "case": case_name,
-                   "parameters": case.parameters, "configuration": resolved},
+            output,
+            grid,
+            variables,
+            attrs={
+                "title": f"physjax shallow-water: {case.description}",
+                "case": case_name,
+                "parameters": case.parameters,
+                "configuration": resolved,
+            },
         )
-        writer.write_static({"bottom": np.zeros(grid.shape) if model.bottom is None else to_numpy(model.bottom)})
+        writer.write_static(
+            {"bottom": np.zeros(grid.shape) if model.bottom is None else to_numpy(model.bottom)}
+        )
         writer.append(0.0, 0, fields_of(state))
         step0 = 0
         frames_before = 1
@@ -278,12 +358,25 @@ def run_shallow_water(settings: dict, *, resume: bool = False, max_frames: int |
 
     from tqdm import tqdm
 
-    bar = tqdm(total=n_steps, initial=step0, unit="step", desc=f"shallow-water {case_name}",
-               disable=quiet, file=sys.stderr, dynamic_ncols=True)
+    bar = tqdm(
+        total=n_steps,
+        initial=step0,
+        unit="step",
+        desc=f"shallow-water {case_name}",
+        disable=quiet,
+        file=sys.stderr,
+        dynamic_ncols=True,
+    )
     try:
         state, step, frames = drive(
-            advance, state, dt=dt, step0=step0, n_steps=n_steps, save_every=save_every,
-            on_frame=lambda s, t, k: writer.append(t, k, fields_of(s)), progress=bar,
+            advance,
+            state,
+            dt=dt,
+            step0=step0,
+            n_steps=n_steps,
+            save_every=save_every,
+            on_frame=lambda s, t, k: writer.append(t, k, fields_of(s)),
+            progress=bar,
             max_frames=max_frames,
         )
     except SimulationBlewUp as e:
@@ -302,10 +395,20 @@ def run_shallow_water(settings: dict, *, resume: bool = False, max_frames: int |
         plot_panels(output, plot)
     note = "" if done else f" (stopped at step {step}/{n_steps}; continue with --resume)"
     plot_note = f" and {plot}" if plot else ""
-    print(f"wrote {total_frames} frames of {case_name} (t = {step * dt:.6g} s, {step} steps of "
-          f"dt = {dt:.4g} s) to {output}{plot_note}{note}", file=out)
-    return {"output": output, "frames": total_frames, "step": step, "n_steps": n_steps,
-            "dt": dt, "complete": done, "state": state}
+    print(
+        f"wrote {total_frames} frames of {case_name} (t = {step * dt:.6g} s, {step} steps of "
+        f"dt = {dt:.4g} s) to {output}{plot_note}{note}",
+        file=out,
+    )
+    return {
+        "output": output,
+        "frames": total_frames,
+        "step": step,
+        "n_steps": n_steps,
+        "dt": dt,
+        "complete": done,
+        "state": state,
+    }
 
 
 def _cmd_shallow_water(args) -> int:
@@ -334,8 +437,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"physjax {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sw = sub.add_parser("shallow-water", help="run a rotating shallow-water case",
-                        description="Run a rotating shallow-water case on the C-grid.")
+    sw = sub.add_parser(
+        "shallow-water",
+        help="run a rotating shallow-water case",
+        description="Run a rotating shallow-water case on the C-grid.",
+    )
     add_run_options(sw, list(SW_CASES), "geostrophic-adjustment")
     sw.set_defaults(func=_cmd_shallow_water)
 

@@ -52,8 +52,21 @@ def test_output_file_format(tmp_path):
 
 
 def test_resume_equals_uninterrupted_bit_for_bit(tmp_path):
-    args = ["--case", "barotropic-instability", "--nx", "32", "--ny", "16", "--t-end", "20000",
-            "--save-every", "8", "--precision", "float64", "--quiet"]
+    args = [
+        "--case",
+        "barotropic-instability",
+        "--nx",
+        "32",
+        "--ny",
+        "16",
+        "--t-end",
+        "20000",
+        "--save-every",
+        "8",
+        "--precision",
+        "float64",
+        "--quiet",
+    ]
     full = tmp_path / "full.h5"
     part = tmp_path / "part.h5"
     assert main(["shallow-water", *args, "--output", str(full)]) == 0
@@ -71,8 +84,19 @@ def test_resume_equals_uninterrupted_bit_for_bit(tmp_path):
 
 @pytest.mark.multidevice
 def test_devices_option_matches_single_device(tmp_path):
-    args = ["--case", "wind-gyre", "--n", "16", "--t-end", "200000", "--save-every", "20",
-            "--precision", "float64", "--quiet"]
+    args = [
+        "--case",
+        "wind-gyre",
+        "--n",
+        "16",
+        "--t-end",
+        "200000",
+        "--save-every",
+        "20",
+        "--precision",
+        "float64",
+        "--quiet",
+    ]
     one, four = tmp_path / "one.h5", tmp_path / "four.h5"
     assert main(["shallow-water", *args, "--output", str(one)]) == 0
     assert main(["shallow-water", *args, "--devices", "2x2", "--output", str(four)]) == 0
@@ -84,9 +108,25 @@ def test_devices_option_matches_single_device(tmp_path):
 
 def test_blow_up_stops_with_step_and_keeps_frames(tmp_path, capsys):
     out = tmp_path / "boom.h5"
-    code = main(["shallow-water", "--case", "geostrophic-adjustment", "--n", "16", "--dt", "6000",
-                 "--t-end", "6000000", "--save-every", "5", "--no-cfl-check", "--quiet",
-                 "--output", str(out)])
+    code = main(
+        [
+            "shallow-water",
+            "--case",
+            "geostrophic-adjustment",
+            "--n",
+            "16",
+            "--dt",
+            "6000",
+            "--t-end",
+            "6000000",
+            "--save-every",
+            "5",
+            "--no-cfl-check",
+            "--quiet",
+            "--output",
+            str(out),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 3
     assert "blew up (NaN/Inf) at step" in err and "t = " in err
@@ -145,7 +185,9 @@ def test_unwritable_output_and_bad_config(tmp_path, capsys):
     assert "is not valid TOML" in capsys.readouterr().err
     unknown = tmp_path / "unknown.toml"
     unknown.write_text("case = 'zonal-jet'\nresolution = 3\n")
-    assert main(["shallow-water", "--config", str(unknown), "--output", str(tmp_path / "c.h5")]) == 2
+    assert (
+        main(["shallow-water", "--config", str(unknown), "--output", str(tmp_path / "c.h5")]) == 2
+    )
     assert "unknown setting(s) ['resolution']" in capsys.readouterr().err
     missing = tmp_path / "missing.toml"
     assert main(["shallow-water", "--config", str(missing)]) == 2
@@ -160,7 +202,10 @@ def test_config_file_and_command_line_precedence(tmp_path):
         "[parameters]\njet_speed = 2.0\n"
     )
     out = tmp_path / "jet.h5"
-    assert main(["shallow-water", "--config", str(cfg), "--nx", "24", "--output", str(out), "--quiet"]) == 0
+    assert (
+        main(["shallow-water", "--config", str(cfg), "--nx", "24", "--output", str(out), "--quiet"])
+        == 0
+    )
     with xr.open_dataset(out) as ds:
         assert ds.attrs["case"] == "zonal-jet"
         assert ds.sizes["x"] == 24 and ds.sizes["y"] == 8
@@ -179,8 +224,12 @@ def test_plot_subcommand(tmp_path):
 def test_script_wrapper_runs(tmp_path):
     script = os.path.join(os.path.dirname(__file__), "..", "scripts", "run_shallow_water.py")
     out = tmp_path / "s.h5"
-    res = subprocess.run([sys.executable, script, *FAST, "--output", str(out)],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [sys.executable, script, *FAST, "--output", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert res.returncode == 0, res.stderr
     assert f"to {out}" in res.stdout
     with xr.open_dataset(out) as ds:

@@ -2,10 +2,22 @@
 
 from ._netcdf import (
     STATUS_COMPLETE as STATUS_COMPLETE,
+)
+from ._netcdf import (
     STATUS_RUNNING as STATUS_RUNNING,
+)
+from ._netcdf import (
     NetCDFWriter as NetCDFWriter,
+)
+from ._netcdf import (
     Variable as Variable,
+)
+from ._netcdf import (
     check_writable as check_writable,
+)
+from ._netcdf import (
     read_attrs as read_attrs,
+)
+from ._netcdf import (
     read_frame as read_frame,
 )

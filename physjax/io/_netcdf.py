@@ -126,10 +126,9 @@ class NetCDFWriter:
                 for stagger in ("centre", "face"):
                     dim = name if stagger == "centre" else f"{name}_f"
                     c = f.create_variable(dim, (dim,), "f8", data=g.coordinates(name, stagger))
+                    where = "centres" if stagger == "centre" else "low faces"
                     c.attrs.update(
-                        units="m",
-                        long_name=f"{name} of cell {'centres' if stagger == 'centre' else 'low faces'}",
-                        axis=name.upper(),
+                        units="m", long_name=f"{name} of cell {where}", axis=name.upper()
                     )
                     if stagger == "face":
                         c.attrs["c_grid_axis_shift"] = -0.5

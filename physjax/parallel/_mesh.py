@@ -86,7 +86,9 @@ def decompose(grid: Grid, mesh: Mesh) -> Grid:
 
 def _is_field(x: Any, grid: Grid) -> bool:
     shape = getattr(x, "shape", None)
-    return shape is not None and len(shape) >= grid.ndim and tuple(shape[-grid.ndim :]) == grid.shape
+    return (
+        shape is not None and len(shape) >= grid.ndim and tuple(shape[-grid.ndim :]) == grid.shape
+    )
 
 
 def _specs(tree: Any, grid: Grid, mesh: Mesh) -> Any:
@@ -110,9 +112,7 @@ def shard(tree: Any, grid: Grid, mesh: Mesh) -> Any:
     )
 
 
-def shard_map_fields(
-    fn: Callable[..., Any], grid: Grid, mesh: Mesh | None
-) -> Callable[..., Any]:
+def shard_map_fields(fn: Callable[..., Any], grid: Grid, mesh: Mesh | None) -> Callable[..., Any]:
     """Run ``fn(grid, *args)`` on one device or split over ``mesh`` by ``shard_map``.
 
     Every field-shaped array among the arguments and results (trailing axes equal to

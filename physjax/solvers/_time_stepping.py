@@ -27,7 +27,7 @@ def _lincomb(*pairs):
     """Σ coefficient·tree."""
     out = None
     for c, tree in pairs:
-        scaled = jax.tree.map(lambda x: c * x, tree)
+        scaled = jax.tree.map(lambda x, c=c: c * x, tree)
         out = scaled if out is None else jax.tree.map(jnp.add, out, scaled)
     return out
 

@@ -106,7 +106,7 @@ def balanced_jet_thickness(
             hp, up, uj = h[j - 1], u[j - 1], u[j]
             dk = 0.5 * (uj**2 - up**2)
 
-            def F(hj):
+            def F(hj, a=a, uj=uj, hp=hp, up=up, dk=dk):
                 return a * (hj * uj + hp * up) / (hj + hp) + (gravity * (hj - hp) + dk) / dy
 
             hj = hp
@@ -134,8 +134,12 @@ def _zonal_jet(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
     _positive(p, "mean_depth", "jet_width", "gravity")
     u1 = _jet_profile(grid, p)
     h = balanced_jet_thickness(
-        grid, u1, mean_depth=p["mean_depth"], gravity=p["gravity"],
-        coriolis=p["coriolis"], beta=p["beta"],
+        grid,
+        u1,
+        mean_depth=p["mean_depth"],
+        gravity=p["gravity"],
+        coriolis=p["coriolis"],
+        beta=p["beta"],
     )
     model = ShallowWater(grid, gravity=p["gravity"], coriolis=p["coriolis"], beta=p["beta"])
     u = np.broadcast_to(u1[:, None], grid.shape)
@@ -147,8 +151,12 @@ def _barotropic_instability(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowW
     _nonnegative(p, "viscosity", "perturbation")
     u1 = _jet_profile(grid, p)
     h = balanced_jet_thickness(
-        grid, u1, mean_depth=p["mean_depth"], gravity=p["gravity"],
-        coriolis=p["coriolis"], beta=p["beta"],
+        grid,
+        u1,
+        mean_depth=p["mean_depth"],
+        gravity=p["gravity"],
+        coriolis=p["coriolis"],
+        beta=p["beta"],
     )
     # A small height bump along the jet axis, made of zonal modes 3-6 with fixed phases.
     y, x = grid.mesh_coordinates(CENTRE)
@@ -158,7 +166,10 @@ def _barotropic_instability(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowW
     dh = np.ptp(h)
     h = h + p["perturbation"] * dh * wave * np.exp(-((yc / p["jet_width"]) ** 2))
     model = ShallowWater(
-        grid, gravity=p["gravity"], coriolis=p["coriolis"], beta=p["beta"],
+        grid,
+        gravity=p["gravity"],
+        coriolis=p["coriolis"],
+        beta=p["beta"],
         viscosity=p["viscosity"],
     )
     u = np.broadcast_to(u1[:, None], grid.shape)
@@ -178,9 +189,7 @@ def gravity_wave_mode(grid: Grid, *, mean_depth, gravity, coriolis, mode_x, mode
     fc = coriolis * np.cos(k * grid.dx / 2) * np.cos(l * grid.dy / 2)
     H, g = mean_depth, gravity
     # d/dt (h, u, v) = M (h, u, v), each amplitude referred to its own grid points.
-    M = np.array(
-        [[0, -1j * H * sx, -1j * H * sy], [-1j * g * sx, 0, fc], [-1j * g * sy, -fc, 0]]
-    )
+    M = np.array([[0, -1j * H * sx, -1j * H * sy], [-1j * g * sx, 0, fc], [-1j * g * sy, -fc, 0]])
     lam, vec = np.linalg.eig(M)
     idx = int(np.argmin(lam.imag))  # λ = −iω with ω > 0: e^{i(kx + ly − ωt)}
     a = vec[:, idx] / vec[0, idx]
@@ -192,8 +201,12 @@ def _gravity_wave(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]
     _positive(p, "mean_depth", "gravity")
     model = ShallowWater(grid, gravity=p["gravity"], coriolis=p["coriolis"])
     k, l, _, a = gravity_wave_mode(
-        grid, mean_depth=p["mean_depth"], gravity=p["gravity"], coriolis=p["coriolis"],
-        mode_x=p["mode_x"], mode_y=p["mode_y"],
+        grid,
+        mean_depth=p["mean_depth"],
+        gravity=p["gravity"],
+        coriolis=p["coriolis"],
+        mode_x=p["mode_x"],
+        mode_y=p["mode_y"],
     )
     fields = []
     for amp, loc in zip(a, (CENTRE, X_FACE, Y_FACE)):
@@ -210,9 +223,15 @@ def _wind_gyre(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
     y, _ = grid.mesh_coordinates(X_FACE)
     tau_x = -p["wind_stress"] * np.cos(np.pi * (y - grid.origin[0]) / grid.extent[0])
     model = ShallowWater(
-        grid, gravity=p["gravity"], coriolis=p["coriolis"], beta=p["beta"],
-        drag=p["drag"], viscosity=p["viscosity"], density=p["density"],
-        wind_stress=(tau_x, np.zeros(grid.shape)), boundary=p["boundary"],
+        grid,
+        gravity=p["gravity"],
+        coriolis=p["coriolis"],
+        beta=p["beta"],
+        drag=p["drag"],
+        viscosity=p["viscosity"],
+        density=p["density"],
+        wind_stress=(tau_x, np.zeros(grid.shape)),
+        boundary=p["boundary"],
     )
     return model, model.initial_state(np.full(grid.shape, p["mean_depth"]))
 
@@ -225,41 +244,85 @@ CASES: dict[str, _CaseSpec] = {
         "a circular height step on a doubly periodic f-plane adjusts to a geostrophic vortex, "
         "radiating inertia-gravity waves",
         (128, 128),
-        {**_COMMON, "Lx": 2000e3, "Ly": 2000e3, "mean_depth": 100.0, "step_height": 10.0,
-         "radius": 250e3, "width": 30e3, "t_end": 2 * DAY},
+        {
+            **_COMMON,
+            "Lx": 2000e3,
+            "Ly": 2000e3,
+            "mean_depth": 100.0,
+            "step_height": 10.0,
+            "radius": 250e3,
+            "width": 30e3,
+            "t_end": 2 * DAY,
+        },
     ),
     "zonal-jet": _CaseSpec(
         _zonal_jet,
         "a Bickley jet in a periodic channel held in discrete geostrophic balance: it stays "
         "steady to round-off",
         (64, 128),
-        {**_COMMON, "beta": 0.0, "Lx": 4000e3, "Ly": 2000e3, "mean_depth": 1000.0,
-         "jet_speed": 5.0, "jet_width": 300e3, "t_end": 20 * np.pi / 1e-4},
+        {
+            **_COMMON,
+            "beta": 0.0,
+            "Lx": 4000e3,
+            "Ly": 2000e3,
+            "mean_depth": 1000.0,
+            "jet_speed": 5.0,
+            "jet_width": 300e3,
+            "t_end": 20 * np.pi / 1e-4,
+        },
     ),
     "barotropic-instability": _CaseSpec(
         _barotropic_instability,
         "an unstable Bickley jet in a periodic beta-plane channel rolls up into eddies",
         (128, 256),
-        {**_COMMON, "beta": 1.6e-11, "Lx": 6000e3, "Ly": 3000e3, "mean_depth": 1000.0,
-         "jet_speed": 20.0, "jet_width": 250e3, "perturbation": 0.02, "viscosity": 2000.0,
-         "t_end": 8 * DAY},
+        {
+            **_COMMON,
+            "beta": 1.6e-11,
+            "Lx": 6000e3,
+            "Ly": 3000e3,
+            "mean_depth": 1000.0,
+            "jet_speed": 20.0,
+            "jet_width": 250e3,
+            "perturbation": 0.02,
+            "viscosity": 2000.0,
+            "t_end": 8 * DAY,
+        },
     ),
     "gravity-wave": _CaseSpec(
         _gravity_wave,
         "a small-amplitude inertia-gravity (Poincaré) wave, the exact discrete eigenmode, "
         "on a doubly periodic f-plane",
         (64, 64),
-        {**_COMMON, "Lx": 1000e3, "Ly": 1000e3, "mean_depth": 100.0, "amplitude": 0.01,
-         "mode_x": 2, "mode_y": 1, "t_end": DAY},
+        {
+            **_COMMON,
+            "Lx": 1000e3,
+            "Ly": 1000e3,
+            "mean_depth": 100.0,
+            "amplitude": 0.01,
+            "mode_x": 2,
+            "mode_y": 1,
+            "t_end": DAY,
+        },
     ),
     "wind-gyre": _CaseSpec(
         _wind_gyre,
         "a closed reduced-gravity basin on a beta-plane spun up by a zonal wind stress: a "
         "subtropical gyre with a western boundary current",
         (128, 128),
-        {"gravity": 0.02, "coriolis": 1e-4, "beta": 2e-11, "Lx": 2000e3, "Ly": 2000e3,
-         "mean_depth": 500.0, "wind_stress": 0.1, "density": 1025.0, "drag": 1e-7,
-         "viscosity": 500.0, "boundary": "free-slip", "t_end": 180 * DAY},
+        {
+            "gravity": 0.02,
+            "coriolis": 1e-4,
+            "beta": 2e-11,
+            "Lx": 2000e3,
+            "Ly": 2000e3,
+            "mean_depth": 500.0,
+            "wind_stress": 0.1,
+            "density": 1025.0,
+            "drag": 1e-7,
+            "viscosity": 500.0,
+            "boundary": "free-slip",
+            "t_end": 180 * DAY,
+        },
     ),
 }
 
@@ -313,7 +376,9 @@ def make_case(
                 "jax.config.update('jax_enable_x64', True) first"
             )
     p = {**spec.defaults, **parameters}
-    if "mean_depth" in p and not (isinstance(p["mean_depth"], (int, float)) and p["mean_depth"] > 0):
+    if "mean_depth" in p and not (
+        isinstance(p["mean_depth"], (int, float)) and p["mean_depth"] > 0
+    ):
         raise ValueError(f"parameter mean_depth must be > 0 (metres), got {p['mean_depth']!r}")
     ny = spec.shape[0] if ny is None else ny
     nx = spec.shape[1] if nx is None else nx

@@ -272,7 +272,9 @@ class ShallowWater(eqx.Module):
         if self.viscosity is not None:
             # Five-point Laplacians; walls (free- or no-slip) are held by the halo.
             def lap(a, c):
-                return (win(a, P, 0, ny, 1, nx + 1) - 2 * c + win(a, P, 0, ny, -1, nx - 1)) / dx**2 + (
+                return (
+                    win(a, P, 0, ny, 1, nx + 1) - 2 * c + win(a, P, 0, ny, -1, nx - 1)
+                ) / dx**2 + (
                     win(a, P, 1, ny + 1, 0, nx) - 2 * c + win(a, P, -1, ny - 1, 0, nx)
                 ) / dy**2
 
@@ -446,9 +448,7 @@ def _check_counts(n_steps, save_every) -> None:
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"{name} must be a positive integer, got {n!r}")
     if n_steps % save_every:
-        raise ValueError(
-            f"n_steps={n_steps} must be a multiple of save_every={save_every}"
-        )
+        raise ValueError(f"n_steps={n_steps} must be a multiple of save_every={save_every}")
 
 
 def _with_grid(model: ShallowWater, grid: Grid) -> ShallowWater:
