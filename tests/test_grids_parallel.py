@@ -123,3 +123,26 @@ def test_sharded_halo_equals_single_device(layout, periodic):
     out = jax.jit(shard_map_fields(op, g, mesh))(shard(f, g, mesh))
     assert float(jnp.max(jnp.abs(out - ref))) == 0.0
     assert out.sharding.shard_shape(out.shape) == (8 // layout[0], 16 // layout[1])
+
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=8, deadline=None)
+@given(
+    ny=st.integers(2, 9),
+    nx=st.integers(2, 9),
+    py=st.booleans(),
+    px=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_halo_round_trip_and_discrete_gauss(ny, nx, py, px, seed):
+    """interior(fill_halo(f)) == f, and with zero-flux walls or periodic axes the five-point
+    Laplacian of any field sums to zero (discrete Gauss theorem)."""
+    g = Grid((ny, nx), (1.0, 2.0), periodic=(py, px), dtype="float64")
+    f = jnp.asarray(np.random.default_rng(seed).normal(size=(ny, nx)))
+    p = fill_halo(f, g)
+    assert np.array_equal(interior(p, g), f)
+    total = float(jnp.sum(interior(laplacian(p, g), g)))
+    assert abs(total) <= 1e-10 * float(jnp.sum(jnp.abs(f))) * (nx * ny) ** 2
