@@ -113,15 +113,18 @@ class NetCDFWriter:
         dtype = np.dtype(g.dtype)
         tmp = self.path + ".partial"
         with h5netcdf.File(tmp, "w") as f:
-            dims: dict[str, int | None] = {"time": None}
+            # A file of time-independent fields (a Poisson solve, say) has no time axis.
+            has_time = any(v.time_dependent for v in self.variables.values())
+            dims: dict[str, int | None] = {"time": None} if has_time else {}
             for name, n in zip(g.axis_names, g.shape):
                 dims[name] = n
                 dims[f"{name}_f"] = n
             f.dimensions = dims
-            t = f.create_variable("time", ("time",), "f8")
-            t.attrs.update(units="s", long_name="time since the start of the run", axis="T")
-            s = f.create_variable("step", ("time",), "i8")
-            s.attrs.update(units="1", long_name="number of time steps taken")
+            if has_time:
+                t = f.create_variable("time", ("time",), "f8")
+                t.attrs.update(units="s", long_name="time since the start of the run", axis="T")
+                s = f.create_variable("step", ("time",), "i8")
+                s.attrs.update(units="1", long_name="number of time steps taken")
             for name in g.axis_names:
                 for stagger in ("centre", "face"):
                     dim = name if stagger == "centre" else f"{name}_f"

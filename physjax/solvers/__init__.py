@@ -1,5 +1,6 @@
 """PDE solvers on structured grids and the shared time stepping."""
 
+from . import poisson as poisson
 from ._time_stepping import (
     SCHEMES as SCHEMES,
 )
@@ -18,6 +19,7 @@ from ._time_stepping import (
 from ._time_stepping import (
     ssprk3_step as ssprk3_step,
 )
+from .poisson import PoissonSolver as PoissonSolver
 from .shallow_water import (
     ShallowWater as ShallowWater,
 )

@@ -33,9 +33,6 @@ from jax import lax
 from ...grids import Grid, fill_halo
 from ._operator import apply_operator, face_coefficients, operator_diagonal
 
-import os
-OMEGA = float(os.environ.get("MG_OMEGA", "1.0"))
-
 
 class Level(NamedTuple):
     grid: Grid  # as seen from one device
@@ -56,6 +53,11 @@ def _coarse_grid(grid: Grid) -> Grid:
     return g
 
 
+#: Coarsening stops once a level has at most this many cells (solved directly): fewer
+#: levels compile faster and the dense solve of so few unknowns costs next to nothing.
+COARSE_TARGET = 256
+
+
 def build_hierarchy(grid: Grid, max_coarse: int) -> tuple[Level, ...] | None:
     """Levels from ``grid`` (possibly decomposed) down to a directly solvable one.
 
@@ -64,7 +66,7 @@ def build_hierarchy(grid: Grid, max_coarse: int) -> tuple[Level, ...] | None:
     levels = []
     g = grid
     while True:
-        halvable = all(n % 2 == 0 and n >= 4 for n in g.shape)
+        halvable = all(n % 2 == 0 and n >= 4 for n in g.shape) and g.size > COARSE_TARGET
         if g.is_sharded:
             if halvable and all(n % 2 == 0 for n in g.local_shape):
                 levels.append(Level(g, "restrict"))
@@ -73,7 +75,7 @@ def build_hierarchy(grid: Grid, max_coarse: int) -> tuple[Level, ...] | None:
                 levels.append(Level(g, "gather"))
                 g = g.unsharded()
             continue
-        if halvable and g.size > 8:
+        if halvable:
             levels.append(Level(g, "restrict"))
             g = _coarse_grid(g)
             continue
@@ -159,9 +161,7 @@ def colour_mask(grid: Grid, dtype) -> jax.Array:
     return ((total % 2) == 0).astype(dtype)
 
 
-def dense_inverse(
-    grid: Grid, parity: Sequence[int], faces, singular: bool, dtype
-) -> jax.Array:
+def dense_inverse(grid: Grid, parity: Sequence[int], faces, singular: bool, dtype) -> jax.Array:
     """Inverse of the operator on a small undecomposed grid (rank-one fixed if singular)."""
     n = grid.size
     eye = jnp.eye(n, dtype=dtype)
@@ -237,16 +237,21 @@ class Multigrid:
 
     def _half_sweep(self, k, u, f, mask):
         r = f - self.apply(k, u)
-        return u + OMEGA * mask * r / self.data.diag[k]
+        return u + mask * r / self.data.diag[k]
 
     def _smooth(self, k, u, f, sweeps, reverse):
         red = self.data.red[k]
         black = 1 - red
         first, second = (black, red) if reverse else (red, black)
-        for _ in range(sweeps):
-            u = self._half_sweep(k, u, f, first)
-            u = self._half_sweep(k, u, f, second)
-        return u
+        if sweeps == 0:
+            return u
+
+        # A loop rather than unrolled sweeps: one copy of the stencil per level keeps the
+        # compiled program (and its compile time) small.
+        def body(i, u):
+            return self._half_sweep(k, u, f, jnp.where(i % 2 == 0, first, second))
+
+        return lax.fori_loop(0, 2 * sweeps, body, u)
 
     def _coarsest(self, f):
         shape = f.shape
@@ -259,7 +264,6 @@ class Multigrid:
             return self._coarsest(f)
         if level.transition == "gather":
             return local_block(self.vcycle(k + 1, gather(f, level.grid), fcycle), level.grid)
-        g = level.grid
         coarse = self.levels[k + 1].grid
         u = self._smooth(k, jnp.zeros_like(f), f, self.pre, reverse=False)
         rc = restrict(f - self.apply(k, u), coarse, self.parity)
@@ -267,7 +271,6 @@ class Multigrid:
         if fcycle:
             ec = ec + self.vcycle(k + 1, rc - self.apply(k + 1, ec), False)
         u = u + prolong(ec, coarse, self.parity)
-        del g
         return self._smooth(k, u, f, self.post, reverse=True)
 
     def __call__(self, r: jax.Array) -> jax.Array:
@@ -320,28 +323,28 @@ def conjugate_gradient(
         z = precondition(r)
         return remove_mean(z, grid) if singular else z
 
-    z0 = prec(f)
-    rz0 = global_dot(f, z0, grid)
-
+    # The preconditioner is applied at the top of the loop body only (one compiled copy of
+    # the cycle); the first pass has beta = 0.
     def cond(state):
         *_, rnorm, k = state
         return (rnorm > tol) & (k < max_iterations)
 
     def body(state):
-        x, r, p, rz, _, k = state
+        x, r, p, rz_old, _, k = state
+        z = prec(r)
+        rz = global_dot(r, z, grid)
+        beta = jnp.where(k == 0, 0, rz / jnp.where(rz_old == 0, 1, rz_old))
+        p = z + beta * p
         ap = matvec(p)
         pap = global_dot(p, ap, grid)
         alpha = rz / jnp.where(pap == 0, 1, pap)
         x = x + alpha * p
         r = r - alpha * ap
-        z = prec(r)
-        rz_new = global_dot(r, z, grid)
-        beta = rz_new / jnp.where(rz == 0, 1, rz)
-        p = z + beta * p
-        return x, r, p, rz_new, jnp.sqrt(global_dot(r, r, grid)), k + 1
+        return x, r, p, rz, jnp.sqrt(global_dot(r, r, grid)), k + 1
 
     x0 = jnp.zeros_like(f)
-    state = (x0, f, z0, rz0, fnorm, jnp.asarray(0))
+    one = jnp.ones((), f.dtype)
+    state = (x0, f, x0, one, fnorm, jnp.asarray(0))
     x, r, _, _, rnorm, k = lax.while_loop(cond, body, state)
     if singular:
         x = remove_mean(x, grid)

@@ -224,9 +224,7 @@ def fold_boundary_values(
                 f"boundary_values given for axis {name}, which is periodic: it has no walls"
             )
         if not (isinstance(pair, Sequence) and len(pair) == 2):
-            raise ValueError(
-                f"boundary_values[{name!r}] must be a pair (low, high), got {pair!r}"
-            )
+            raise ValueError(f"boundary_values[{name!r}] must be a pair (low, high), got {pair!r}")
         wall_shape = tuple(n for a, n in enumerate(grid.shape) if a != axis)
         h = grid.spacing[axis]
         for side, value in zip((0, grid.shape[axis] - 1), pair):

@@ -38,7 +38,9 @@ def _inverse_eigenvalues(lams: Sequence[jax.Array], dtype) -> jax.Array:
     return jnp.where(total == 0, 0, 1 / safe)
 
 
-def spectral_solve_local(f: jax.Array, grid: Grid, bc: Sequence[str]) -> jax.Array:
+def spectral_solve_local(
+    f: jax.Array, grid: Grid, bc: Sequence[str], continuous: bool = False
+) -> jax.Array:
     """Solve ∇²u = f on one device (homogeneous boundary conditions)."""
     d = grid.ndim
     real_axes = [a for a in range(d) if bc[a] != "periodic"]
@@ -51,7 +53,11 @@ def spectral_solve_local(f: jax.Array, grid: Grid, bc: Sequence[str]) -> jax.Arr
     lams = []
     for a in range(d):
         half = bool(fft_axes) and a == fft_axes[-1]
-        lams.append(jnp.asarray(eigenvalues(bc[a], grid.shape[a], grid.spacing[a], half=half)))
+        lams.append(
+            jnp.asarray(
+                eigenvalues(bc[a], grid.shape[a], grid.spacing[a], half=half, continuous=continuous)
+            )
+        )
     g = g * _inverse_eigenvalues(lams, f.dtype)
     if fft_axes:
         g = jnp.fft.irfftn(g, s=[grid.shape[a] for a in fft_axes], axes=fft_axes)
@@ -61,9 +67,7 @@ def spectral_solve_local(f: jax.Array, grid: Grid, bc: Sequence[str]) -> jax.Arr
 
 
 def _split_axes(grid: Grid) -> tuple[str, ...]:
-    return tuple(
-        n for n, m in zip(grid.mesh_axes, grid.mesh_shape) if n is not None and m > 1
-    )
+    return tuple(n for n, m in zip(grid.mesh_axes, grid.mesh_shape) if n is not None and m > 1)
 
 
 def _group_index(grid: Grid) -> jax.Array:
@@ -75,7 +79,9 @@ def _group_index(grid: Grid) -> jax.Array:
     return idx
 
 
-def spectral_solve_sharded(f: jax.Array, grid: Grid, bc: Sequence[str]) -> jax.Array:
+def spectral_solve_sharded(
+    f: jax.Array, grid: Grid, bc: Sequence[str], continuous: bool = False
+) -> jax.Array:
     """Solve ∇²u = f inside ``shard_map`` on a decomposed grid by slab transposes."""
     d = grid.ndim
     group = _split_axes(grid)
@@ -121,7 +127,7 @@ def spectral_solve_sharded(f: jax.Array, grid: Grid, bc: Sequence[str]) -> jax.A
 
     lams = []
     for a in range(d):
-        lam = jnp.asarray(eigenvalues(bc[a], grid.shape[a], grid.spacing[a]))
+        lam = jnp.asarray(eigenvalues(bc[a], grid.shape[a], grid.spacing[a], continuous=continuous))
         if a == last:
             n_loc = grid.shape[a] // p
             lam = lax.dynamic_slice_in_dim(lam, _group_index(grid) * n_loc, n_loc)

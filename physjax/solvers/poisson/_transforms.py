@@ -90,17 +90,24 @@ def idst2(s: jax.Array) -> jax.Array:
     return idct2(s[..., ::-1]) * _alternating(n, s.dtype)
 
 
-def eigenvalues(kind: str, n: int, h: float, *, half: bool = False) -> np.ndarray:
+def eigenvalues(
+    kind: str, n: int, h: float, *, half: bool = False, continuous: bool = False
+) -> np.ndarray:
     """Eigenvalues (float64, ≤ 0) of the 1-D second difference in the transform's mode order.
 
     ``periodic``: FFT order (``half``: the ``n // 2 + 1`` modes of a real FFT);
-    ``dirichlet``: DST-II order; ``neumann``: DCT-II order.
+    ``dirichlet``: DST-II order; ``neumann``: DCT-II order. With ``continuous`` the
+    eigenvalues ``-κ²`` of the exact second derivative on the same modes (spectral
+    accuracy) instead of ``-(2 sin(κh/2)/h)²``.
     """
     if kind == "periodic":
         k = np.arange(n // 2 + 1) if half else np.arange(n)
+        k = np.minimum(k, n - k)
         theta = np.pi * k / n
     elif kind == "dirichlet":
         theta = np.pi * (np.arange(n) + 1) / (2 * n)
     else:
         theta = np.pi * np.arange(n) / (2 * n)
+    if continuous:
+        return -((2.0 * theta / h) ** 2)
     return -((2.0 * np.sin(theta) / h) ** 2)

@@ -1,0 +1,209 @@
+"""Poisson benchmark: physjax spectral vs scipy.fft, multigrid-CG vs scipy CG (and pyamg).
+
+Run: ``python benchmarks/poisson.py [--quick]``. Prints one table and writes
+``benchmarks/results/poisson.json``. float64 throughout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import time
+from pathlib import Path
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import scipy  # noqa: E402
+import scipy.fft as sfft  # noqa: E402
+import scipy.sparse as sp  # noqa: E402
+import scipy.sparse.linalg as spla  # noqa: E402
+
+from physjax.grids import Grid  # noqa: E402
+from physjax.solvers.poisson import PoissonSolver  # noqa: E402
+
+WORKERS = 2
+RTOL = 1e-8
+
+
+def best_of(fn, repeats=5):
+    fn()
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return min(times)
+
+
+def eig(kind, n, h):
+    if kind == "periodic":
+        k = np.arange(n)
+        theta = np.pi * k / n
+    elif kind == "dirichlet":
+        theta = np.pi * (np.arange(n) + 1) / (2 * n)
+    else:
+        theta = np.pi * np.arange(n) / (2 * n)
+    return -((2 * np.sin(theta) / h) ** 2)
+
+
+def scipy_spectral(f, kind, h):
+    d = f.ndim
+    lam = 0
+    for a in range(d):
+        n = f.shape[a]
+        e = eig(kind, n, h)
+        if kind == "periodic" and a == d - 1:
+            e = e[: n // 2 + 1]
+        shape = [1] * d
+        shape[a] = e.size
+        lam = lam + e.reshape(shape)
+    inv = np.where(lam == 0, 0, 1 / np.where(lam == 0, 1, lam))
+    if kind == "periodic":
+        return lambda: sfft.irfftn(sfft.rfftn(f, workers=WORKERS) * inv, f.shape, workers=WORKERS)
+    fwd, bwd = (sfft.dstn, sfft.idstn) if kind == "dirichlet" else (sfft.dctn, sfft.idctn)
+    return lambda: bwd(fwd(f, type=2, workers=WORKERS) * inv, type=2, workers=WORKERS)
+
+
+def laplacian_matrix(shape, h):
+    """Negative Dirichlet 5/7-point matrix (SPD) on cell centres."""
+    mats = []
+    for n in shape:
+        main = np.full(n, 2.0)
+        main[0] = main[-1] = 3.0
+        mats.append(sp.diags([-np.ones(n - 1), main, -np.ones(n - 1)], [-1, 0, 1]) / h**2)
+    eyes = [sp.identity(n) for n in shape]
+    total = None
+    for a in range(len(shape)):
+        parts = [mats[b] if b == a else eyes[b] for b in range(len(shape))]
+        term = parts[0]
+        for p in parts[1:]:
+            term = sp.kron(term, p)
+        total = term if total is None else total + term
+    return total.tocsr()
+
+
+def spectral_rows(sizes):
+    rows = []
+    for shape in sizes:
+        for kind in ("periodic", "dirichlet", "neumann"):
+            grid = Grid(shape, (1.0,) * len(shape), periodic=kind == "periodic", dtype="float64")
+            h = grid.spacing[0]
+            f = np.random.default_rng(0).normal(size=shape)
+            f -= f.mean()
+            solver = PoissonSolver(grid, kind, "spectral")
+            fj = jnp.asarray(f)
+            t_px = best_of(lambda s=solver, x=fj: s(x).block_until_ready())
+            t_sc = best_of(scipy_spectral(f, kind, h))
+            err = float(np.max(np.abs(np.asarray(solver(fj)) - scipy_spectral(f, kind, h)())))
+            rows.append(
+                dict(
+                    shape="x".join(map(str, shape)),
+                    bc=kind,
+                    physjax_s=t_px,
+                    scipy_s=t_sc,
+                    ratio=t_px / t_sc,
+                    max_diff=err,
+                )
+            )
+            r = rows[-1]
+            print(
+                f"spectral {r['shape']:>12} {kind:>9}  physjax {t_px:9.2e} s  scipy.fft {t_sc:9.2e}"
+                f" s  ratio {r['ratio']:5.2f}  |diff| {err:.1e}",
+                flush=True,
+            )
+    return rows
+
+
+def krylov_rows(sizes, scipy_cg_max):
+    try:
+        import pyamg
+    except ImportError:
+        pyamg = None
+    rows = []
+    for shape in sizes:
+        grid = Grid(shape, (1.0,) * len(shape), periodic=False, dtype="float64")
+        h = grid.spacing[0]
+        f = np.random.default_rng(1).normal(size=shape)
+        fj = jnp.asarray(f)
+        solver = PoissonSolver(grid, "dirichlet", "cg", rtol=RTOL)
+        t_px = best_of(lambda s=solver, x=fj: s.solve(x).u.block_until_ready(), repeats=3)
+        iters = int(solver.solve(fj).iterations)
+        row = dict(shape="x".join(map(str, shape)), physjax_mgcg_s=t_px, physjax_iterations=iters)
+        a = laplacian_matrix(shape, h)
+        b = -f.ravel()
+        count = [0]
+
+        def cb(_, count=count):
+            count[0] += 1
+
+        # Unpreconditioned CG needs O(n) iterations; above scipy_cg_max cells it is capped at
+        # 300 iterations, which gives a lower bound on its time (recorded as not converged).
+        maxiter = 20000 if np.prod(shape) <= scipy_cg_max else 300
+        count[0] = 0
+        t = time.perf_counter()
+        _, status = spla.cg(a, b, rtol=RTOL, maxiter=maxiter, callback=cb)
+        row.update(
+            scipy_cg_s=time.perf_counter() - t,
+            scipy_cg_iterations=count[0],
+            scipy_cg_converged=status == 0,
+        )
+        if pyamg is not None:
+            t = time.perf_counter()
+            ml = pyamg.smoothed_aggregation_solver(a)
+            m = ml.aspreconditioner(cycle="V")
+            t_setup = time.perf_counter() - t
+            count[0] = 0
+            t = time.perf_counter()
+            spla.cg(a, b, rtol=RTOL, maxiter=1000, M=m, callback=cb)
+            row.update(
+                pyamg_cg_s=time.perf_counter() - t,
+                pyamg_setup_s=t_setup,
+                pyamg_cg_iterations=count[0],
+            )
+        rows.append(row)
+        print(
+            "mg-cg  "
+            + "  ".join(
+                f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in row.items()
+            ),
+            flush=True,
+        )
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="small sizes only")
+    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "poisson.json"))
+    args = parser.parse_args()
+    if args.quick:
+        spec_sizes = [(256, 256), (64, 64, 64)]
+        kry_sizes = [(256, 256)]
+    else:
+        spec_sizes = [(256, 256), (1024, 1024), (2048, 2048), (128, 128, 128)]
+        kry_sizes = [(256, 256), (1024, 1024), (128, 128, 128)]
+    info = dict(
+        machine=platform.processor() or platform.machine(),
+        cpus=os.cpu_count(),
+        jax=jax.__version__,
+        scipy=scipy.__version__,
+        scipy_workers=WORKERS,
+        dtype="float64",
+        rtol=RTOL,
+    )
+    print(info)
+    spec = spectral_rows(spec_sizes)
+    kry = krylov_rows(kry_sizes, scipy_cg_max=2**16)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.output).write_text(json.dumps(dict(info=info, spectral=spec, krylov=kry), indent=2))
+    print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,302 @@
+"""Tests of physjax.solvers.poisson: exactness, convergence orders, multigrid, devices, AD."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.fft
+
+from physjax.grids import Grid
+from physjax.parallel import make_mesh
+from physjax.solvers.poisson import PoissonSolver, dct2, dst2, idct2, idst2, solve
+
+PI = np.pi
+
+
+def _grid(shape, periodic, extent=None):
+    extent = extent or (1.0,) * len(shape)
+    return Grid(shape, extent, periodic=periodic, dtype="float64")
+
+
+def _fit_order(ns, errors):
+    return -np.polyfit(np.log(ns), np.log(errors), 1)[0]
+
+
+def _rel(a, b):
+    return float(jnp.max(jnp.abs(a - b)) / jnp.max(jnp.abs(b)))
+
+
+# ------------------------------------------------------------------ transforms
+@pytest.mark.parametrize("n", [1, 2, 5, 8, 9])
+def test_fast_transforms_match_scipy_and_invert(n):
+    x = np.random.default_rng(n).normal(size=(3, n))
+    np.testing.assert_allclose(dct2(x), scipy.fft.dct(x, type=2) / 2, atol=1e-13)
+    np.testing.assert_allclose(dst2(x), scipy.fft.dst(x, type=2) / 2, atol=1e-13)
+    np.testing.assert_allclose(idct2(dct2(x)), x, atol=1e-13)
+    np.testing.assert_allclose(idst2(dst2(x, axis=0), axis=0), x, atol=1e-13)
+
+
+# ------------------------------------------------------------------ spectral
+def _exp_sin(shape):
+    """u = Π exp(sin 2π x_k) on the unit periodic box and its Laplacian."""
+    grid = _grid(shape, True)
+    xs = grid.mesh_coordinates(("centre",) * len(shape))
+    g = [np.exp(np.sin(2 * PI * x)) for x in xs]
+    g2 = [
+        (4 * PI**2 * np.cos(2 * PI * x) ** 2 - 4 * PI**2 * np.sin(2 * PI * x)) * gk
+        for x, gk in zip(xs, g)
+    ]
+    u = np.prod(g, axis=0)
+    f = sum(g2[k] * np.prod([g[j] for j in range(len(g)) if j != k], axis=0) for k in range(len(g)))
+    return grid, u, f
+
+
+@pytest.mark.parametrize(
+    "shapes", [[(8, 8), (16, 16), (32, 32)], [(8, 8, 8), (16, 16, 16), (32, 32, 32)]]
+)
+def test_spectral_periodic_converges_exponentially(shapes):
+    errors = []
+    for shape in shapes:
+        grid, u, f = _exp_sin(shape)
+        num = solve(f, grid, "periodic", "spectral", laplacian="spectral", compatibility="project")
+        errors.append(_rel(num, u - u.mean()))
+    assert errors[-1] < 1e-12
+    # Faster than any power: each doubling gains far more than a fixed order would.
+    assert errors[1] / errors[0] < 1e-3
+    assert errors[2] < 1e-3 * errors[1] or errors[2] < 1e-13
+
+
+def _manufactured_walls(n, kind):
+    """u = cos(1.7x + 0.3) exp(0.8y) on the unit square with walls; exact wall data."""
+    grid = _grid((n, n), False)
+    y, x = grid.mesh_coordinates(("centre", "centre"))
+    u = np.cos(1.7 * x + 0.3) * np.exp(0.8 * y)
+    f = (0.8**2 - 1.7**2) * u
+    yc, xc = grid.coordinates("y"), grid.coordinates("x")
+    if kind == "dirichlet":
+        bx = (np.cos(0.3) * np.exp(0.8 * yc), np.cos(2.0) * np.exp(0.8 * yc))
+        by = (np.cos(1.7 * xc + 0.3), np.cos(1.7 * xc + 0.3) * np.exp(0.8))
+    else:
+        bx = (-1.7 * np.sin(0.3) * np.exp(0.8 * yc), -1.7 * np.sin(2.0) * np.exp(0.8 * yc))
+        by = (0.8 * np.cos(1.7 * xc + 0.3), 0.8 * np.cos(1.7 * xc + 0.3) * np.exp(0.8))
+    return grid, u, f, {"x": bx, "y": by}
+
+
+@pytest.mark.parametrize("kind", ["dirichlet", "neumann"])
+def test_spectral_walls_exact_and_second_order(kind):
+    ns, errors = [16, 32, 64, 128], []
+    for n in ns:
+        grid, u, f, bv = _manufactured_walls(n, kind)
+        solver = PoissonSolver(grid, kind, "spectral", compatibility="project")
+        b = solver.rhs(f, bv)
+        if kind == "neumann":
+            b = b - b.mean()
+        sol = solver.solve(b)
+        r = solver.residual(sol.u, b)
+        assert float(jnp.linalg.norm(r) / jnp.linalg.norm(b)) <= 1e-12
+        assert float(sol.residual_norm) <= 1e-12
+        num, ref = sol.u, u
+        if kind == "neumann":
+            num, ref = num - num.mean(), ref - ref.mean()
+        errors.append(float(jnp.max(jnp.abs(num - ref))))
+    assert abs(_fit_order(ns, errors) - 2) <= 0.15
+
+
+def test_spectral_3d_mixed_exact():
+    grid = _grid((8, 12, 16), (False, True, False))
+    f = np.random.default_rng(0).normal(size=grid.shape)
+    solver = PoissonSolver(grid, ("neumann", "periodic", "dirichlet"), "spectral")
+    u = solver(f)
+    assert float(jnp.linalg.norm(solver.residual(u, f)) / np.linalg.norm(f)) <= 1e-12
+
+
+# ------------------------------------------------------------------ multigrid / CG
+@pytest.mark.parametrize(
+    "shapes",
+    [[(64, 64), (128, 128), (256, 256), (512, 512)], [(32, 32, 32), (64, 64, 64), (128, 128, 128)]],
+)
+def test_multigrid_cycles_bounded(shapes):
+    cycles = []
+    for shape in shapes:
+        grid = _grid(shape, False)
+        f = jnp.asarray(np.random.default_rng(1).normal(size=shape))
+        sol = PoissonSolver(grid, "dirichlet", "multigrid", rtol=1e-10).solve(f)
+        assert bool(sol.converged) and float(sol.residual_norm) <= 1e-10
+        cycles.append(int(sol.iterations))
+    assert max(cycles) - cycles[0] <= 2, cycles
+
+
+@pytest.mark.parametrize("bc", ["dirichlet"])
+def test_cg_residual_and_agreement_with_spectral(bc):
+    grid = _grid((48, 64), (False, False))
+    f = np.random.default_rng(2).normal(size=grid.shape)
+    f -= f.mean()
+    ref = solve(f, grid, bc, "spectral")
+    for method in ("cg", "multigrid"):
+        sol = PoissonSolver(grid, bc, method, rtol=1e-11).solve(f)
+        assert float(sol.residual_norm) <= 1e-10
+        assert _rel(sol.u, ref) <= 1e-8
+
+
+def test_periodic_3d_mixed_agreement():
+    grid = _grid((16, 16, 32), (True, False, True))
+    f = np.random.default_rng(3).normal(size=grid.shape)
+    bc = ("periodic", "neumann", "periodic")
+    ref = solve(f, grid, bc, "spectral", compatibility="project")
+    u = solve(f, grid, bc, "cg", compatibility="project", rtol=1e-11)
+    assert _rel(u, ref) <= 1e-8
+
+
+def _variable_case(n):
+    grid = _grid((n, n), False)
+    y, x = grid.mesh_coordinates(("centre", "centre"))
+    a = 1 + 0.5 * np.sin(2 * PI * x) * np.cos(PI * y)
+    ax = 0.5 * 2 * PI * np.cos(2 * PI * x) * np.cos(PI * y)
+    ay = -0.5 * PI * np.sin(2 * PI * x) * np.sin(PI * y)
+    u = np.sin(PI * x) * np.sin(2 * PI * y)
+    ux = PI * np.cos(PI * x) * np.sin(2 * PI * y)
+    uy = 2 * PI * np.sin(PI * x) * np.cos(2 * PI * y)
+    lap = -5 * PI**2 * u
+    return grid, a, u, a * lap + ax * ux + ay * uy
+
+
+@pytest.mark.parametrize("method", ["cg"])
+def test_variable_coefficient_second_order(method):
+    ns, errors = [16, 32, 64], []
+    for n in ns:
+        grid, a, u, f = _variable_case(n)
+        num = solve(f, grid, "dirichlet", method, coefficient=a)
+        errors.append(float(jnp.max(jnp.abs(num - u))))
+    assert abs(_fit_order(ns, errors) - 2) <= 0.15
+
+
+def test_f_cycle_and_inhomogeneous_dirichlet_agree():
+    grid, u, f, bv = _manufactured_walls(32, "dirichlet")
+    ref = solve(f, grid, "dirichlet", "spectral", boundary_values=bv)
+    u_f = solve(f, grid, "dirichlet", "multigrid", boundary_values=bv, cycle="F")
+    assert _rel(u_f, ref) <= 1e-8
+
+
+# ------------------------------------------------------------------ devices
+_DEVICE_CASES = [
+    ((32, 32), (4, 1), ("dirichlet", "neumann"), (False, False)),
+    ((32, 32), (2, 2), ("periodic", "dirichlet"), (True, False)),
+    ((16, 16, 16), (1, 2, 2), ("dirichlet", "periodic", "neumann"), (False, True, False)),
+]
+
+
+@pytest.mark.multidevice
+@pytest.mark.parametrize("shape,layout,bc,periodic", _DEVICE_CASES)
+def test_multi_device_equals_one_device(shape, layout, bc, periodic):
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 (simulated) devices")
+    grid = _grid(shape, periodic)
+    rng = np.random.default_rng(4)
+    f = rng.normal(size=shape)
+    a = 1 + rng.random(shape)
+    mesh = make_mesh(layout, len(shape))
+    for method in ("spectral", "multigrid", "cg"):
+        kw = {} if method == "spectral" else {"coefficient": a}
+        if "dirichlet" not in bc:
+            kw["compatibility"] = "project"
+        one = PoissonSolver(grid, bc, method, **kw)(f)
+        many = PoissonSolver(grid, bc, method, mesh=mesh, **kw)(f)
+        assert _rel(many, one) <= 1e-12, method
+
+
+# ------------------------------------------------------------------ autodiff, vmap
+def _directional_fd(fun, x, v, eps=1e-6):
+    return (fun(x + eps * v) - fun(x - eps * v)) / (2 * eps)
+
+
+@pytest.mark.parametrize("method", ["spectral", "cg", "multigrid"])
+def test_grad_wrt_rhs_matches_finite_differences(method):
+    grid = _grid((8, 16), (False, True))
+    rng = np.random.default_rng(5)
+    f, w, v = (jnp.asarray(rng.normal(size=grid.shape)) for _ in range(3))
+    solver = PoissonSolver(grid, ("dirichlet", "periodic"), method, rtol=1e-13)
+
+    def loss(f):
+        return jnp.sum(w * solver(f) ** 2)
+
+    g = jax.grad(loss)(f)
+    assert abs(float(jnp.sum(g * v)) - float(_directional_fd(loss, f, v))) <= 1e-6 * abs(
+        float(jnp.sum(g * v))
+    )
+
+
+@pytest.mark.parametrize("method", ["cg", "multigrid"])
+def test_grad_wrt_coefficient_matches_finite_differences(method):
+    grid = _grid((8, 8), False)
+    rng = np.random.default_rng(6)
+    f, w, v = (jnp.asarray(rng.normal(size=grid.shape)) for _ in range(3))
+    a0 = jnp.asarray(1 + rng.random(grid.shape))
+
+    def loss(a):
+        return jnp.sum(w * solve(f, grid, "dirichlet", method, coefficient=a, rtol=1e-13))
+
+    g = jax.grad(loss)(a0)
+    fd = float(_directional_fd(loss, a0, v))
+    assert abs(float(jnp.sum(g * v)) - fd) <= 1e-6 * abs(fd)
+
+
+@pytest.mark.parametrize("method", ["spectral", "cg"])
+def test_vmap_equals_loop(method):
+    grid = _grid((16, 16), True)
+    fs = np.random.default_rng(7).normal(size=(3, 16, 16))
+    fs -= fs.mean(axis=(1, 2), keepdims=True)
+    solver = PoissonSolver(grid, "periodic", method)
+    batched = jax.vmap(solver)(jnp.asarray(fs))
+    for k in range(3):
+        assert _rel(batched[k], solver(fs[k])) <= 1e-12
+
+
+# ------------------------------------------------------------------ bad input
+def test_bad_input_errors():
+    grid = _grid((16, 16), True)
+    with pytest.raises(ValueError, match="f must have the grid's shape"):
+        solve(np.zeros((16, 8)), grid)
+    with pytest.raises(ValueError, match="f is incompatible"):
+        solve(np.ones((16, 16)), grid, "periodic")
+    walls = _grid((16, 16), False)
+    with pytest.raises(ValueError, match="f is incompatible"):
+        solve(np.ones((16, 16)), walls, "neumann", "cg")
+    with pytest.raises(ValueError, match="multigrid cannot coarsen grid.shape"):
+        PoissonSolver(_grid((97, 97), False), "dirichlet", "multigrid")
+    with pytest.raises(ValueError, match="coefficient must be finite and > 0"):
+        PoissonSolver(walls, "dirichlet", "cg", coefficient=-np.ones((16, 16)))
+    with pytest.raises(ValueError, match="coefficient must have the grid's shape"):
+        PoissonSolver(walls, "dirichlet", "cg", coefficient=np.ones((8, 8)))
+    with pytest.raises(ValueError, match="coefficient is not supported by method='spectral'"):
+        PoissonSolver(walls, "dirichlet", "spectral", coefficient=np.ones((16, 16)))
+    with pytest.raises(ValueError, match="bc for axis x is 'dirichlet' but the grid is periodic"):
+        PoissonSolver(grid, ("periodic", "dirichlet"))
+    with pytest.raises(ValueError, match="method must be one of"):
+        PoissonSolver(grid, "periodic", "jacobi")
+    with pytest.raises(ValueError, match="spectral method on 4 devices needs"):
+        if jax.device_count() < 4:
+            raise ValueError("spectral method on 4 devices needs (skipped)")
+        PoissonSolver(_grid((8, 10), True), "periodic", mesh=make_mesh((2, 2), 2))
+    with pytest.raises(ValueError, match="boundary_values given for axis x, which is periodic"):
+        solve(np.zeros((16, 16)), grid, boundary_values={"x": (1.0, 0.0)})
+
+
+def test_non_convergence_is_reported():
+    grid = _grid((64, 64), False)
+    f = np.random.default_rng(8).normal(size=grid.shape)
+    solver = PoissonSolver(grid, "dirichlet", "cg", max_iterations=2, throw=False)
+    sol = solver.solve(f)
+    assert not bool(sol.converged) and int(sol.iterations) == 2
+    with pytest.raises(Exception, match="did not converge"):
+        PoissonSolver(grid, "dirichlet", "cg", max_iterations=2)(f).block_until_ready()
+
+
+def test_traced_coefficient_checked_inside_jit():
+    grid = _grid((16, 16), False)
+
+    @jax.jit
+    def run(a):
+        return solve(jnp.ones((16, 16)), grid, "dirichlet", "cg", coefficient=a)
+
+    with pytest.raises(Exception, match="coefficient must be > 0"):
+        run(-jnp.ones((16, 16))).block_until_ready()
