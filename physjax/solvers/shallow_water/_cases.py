@@ -125,14 +125,12 @@ def balanced_jet_thickness(
     return np.broadcast_to(h[:, None], grid.shape).copy()
 
 
-def _jet_profile(grid: Grid, p: dict) -> np.ndarray:
-    y = grid.coordinates("y", "centre") - (grid.origin[0] + 0.5 * grid.extent[0])
-    return p["jet_speed"] / np.cosh(y / p["jet_width"]) ** 2
-
-
-def _zonal_jet(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
+def _balanced_jet(grid: Grid, p: dict) -> tuple[np.ndarray, np.ndarray]:
+    """A Bickley jet u = U sech²(y/L) (u at the y of cell centres) and the thickness that
+    balances it discretely."""
     _positive(p, "mean_depth", "jet_width", "gravity")
-    u1 = _jet_profile(grid, p)
+    y = grid.coordinates("y", "centre") - (grid.origin[0] + 0.5 * grid.extent[0])
+    u1 = p["jet_speed"] / np.cosh(y / p["jet_width"]) ** 2
     h = balanced_jet_thickness(
         grid,
         u1,
@@ -141,23 +139,18 @@ def _zonal_jet(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
         coriolis=p["coriolis"],
         beta=p["beta"],
     )
+    return np.broadcast_to(u1[:, None], grid.shape), h
+
+
+def _zonal_jet(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
+    u, h = _balanced_jet(grid, p)
     model = ShallowWater(grid, gravity=p["gravity"], coriolis=p["coriolis"], beta=p["beta"])
-    u = np.broadcast_to(u1[:, None], grid.shape)
     return model, model.initial_state(h, u)
 
 
 def _barotropic_instability(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
-    _positive(p, "mean_depth", "jet_width", "gravity")
     _nonnegative(p, "viscosity", "perturbation")
-    u1 = _jet_profile(grid, p)
-    h = balanced_jet_thickness(
-        grid,
-        u1,
-        mean_depth=p["mean_depth"],
-        gravity=p["gravity"],
-        coriolis=p["coriolis"],
-        beta=p["beta"],
-    )
+    u, h = _balanced_jet(grid, p)
     # A small height bump along the jet axis, made of zonal modes 3-6 with fixed phases.
     y, x = grid.mesh_coordinates(CENTRE)
     yc = y - (grid.origin[0] + 0.5 * grid.extent[0])
@@ -172,7 +165,6 @@ def _barotropic_instability(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowW
         beta=p["beta"],
         viscosity=p["viscosity"],
     )
-    u = np.broadcast_to(u1[:, None], grid.shape)
     return model, model.initial_state(h, u)
 
 
