@@ -150,7 +150,7 @@ def main(argv=None):
     rows = []
     for dtype in args.dtypes:
         for n in args.sizes:
-            steps = max(2, int(2e7 / n**2))
+            steps = max(10, int(4e7 / n**2))
             t_px, fusions = bench_physjax(n, dtype, steps)
             t_np, err = (None, None) if args.no_numpy else bench_numpy(n, dtype)
             itemsize = np.dtype(dtype).itemsize
