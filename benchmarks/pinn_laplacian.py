@@ -1,10 +1,11 @@
 """Benchmark a PINN training step: Poisson-loss Laplacian residual, then its parameter gradient.
 
-Variants: physjax (forward Laplacian, per-layer remat), naive (trace of jax.hessian), fwd_rev
-(jvp of grad per spatial dimension), folx (forward_laplacian, if installed) and first_order
-(gradient of u only, the floor). Each (variant, configuration) runs in its own subprocess,
-which reports the median step time after compilation, the compiled executable's temp bytes
-(``memory_analysis()``) and its own peak RSS.
+Variants: physjax (``laplacian(..., batched=True)``: batched forward Laplacian with the
+batch-level custom VJP), physjax_vmap (``jax.vmap`` of the per-point ``laplacian``: per-layer
+``jax.checkpoint``), naive (trace of jax.hessian), fwd_rev (jvp of grad per spatial dimension),
+folx (forward_laplacian, if installed) and first_order (gradient of u only, the floor). Each
+(variant, configuration) runs in its own subprocess, which reports the median step time after
+compilation, the compiled executable's temp bytes (``memory_analysis()``) and its own peak RSS.
 
     python benchmarks/pinn_laplacian.py                 # full run, float32
     python benchmarks/pinn_laplacian.py --quick         # small smoke run
@@ -23,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
 
-VARIANTS = ("physjax", "naive", "fwd_rev", "folx", "first_order")
+VARIANTS = ("physjax", "physjax_vmap", "naive", "fwd_rev", "folx", "first_order")
 RESULTS = Path(__file__).parent / "results" / "pinn_laplacian.json"
 
 
@@ -43,6 +44,10 @@ def _child(variant: str, depth: int, dim: int, n: int, width: int, repeats: int,
     source = jnp.sin(xs[:, 0]) * jnp.sin(xs[:, 1])
 
     if variant == "physjax":
+
+        def batch_op(m):
+            return pg.laplacian(m, spatial=spatial, batched=True)
+    elif variant == "physjax_vmap":
 
         def op(m):
             return pg.laplacian(m, spatial=spatial)
@@ -76,8 +81,13 @@ def _child(variant: str, depth: int, dim: int, n: int, width: int, repeats: int,
     else:
         raise ValueError(f"unknown variant {variant!r}")
 
+    if variant != "physjax":
+
+        def batch_op(m):
+            return jax.vmap(op(m))
+
     def loss(m):
-        return jnp.mean((jax.vmap(op(m))(xs) + source) ** 2)
+        return jnp.mean((batch_op(m)(xs) + source) ** 2)
 
     grad = eqx.filter_grad(loss)
     step = jax.jit(lambda m: grad(m))
@@ -105,6 +115,11 @@ def main(argv=None):
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--quick", action="store_true", help="depth 4, 2-D, N=1024, 2 repeats")
     p.add_argument("--output", type=Path, default=RESULTS)
+    p.add_argument(
+        "--append",
+        action="store_true",
+        help="add this run to the output file's 'extra_runs' instead of replacing the file",
+    )
     p.add_argument("--child", nargs=4, metavar=("VARIANT", "DEPTH", "DIM", "N"), help="internal")
     args = p.parse_args(argv)
 
@@ -174,7 +189,12 @@ def main(argv=None):
     except ImportError as err:
         meta["folx"] = f"not available: {err}"
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
+    data = {"meta": meta, "results": rows}
+    if args.append and args.output.exists():
+        previous = json.loads(args.output.read_text())
+        previous.setdefault("extra_runs", []).append(data)
+        data = previous
+    args.output.write_text(json.dumps(data, indent=2) + "\n")
     print(f"wrote {args.output}")
 
 

@@ -68,8 +68,10 @@ class AbstractNeuralField(eqx.Module):
     """A network ``R^d -> R^m`` that propagates second-order jets layer by layer.
 
     Subclasses implement ``__call__`` (one point) and ``jet``; the operators of
-    :mod:`physjax.gradients` use ``jet`` for the forward Laplacian with a per-layer
-    ``jax.custom_vjp`` and fall back to nested ``jax.jvp`` for any other function.
+    :mod:`physjax.gradients` use ``jet`` for the forward Laplacian (``jax.checkpoint`` per
+    layer block; ``jax.vmap`` of it with ``batched=True``, except for ``MLP`` and
+    ``FourierMLP``, which have a batch-level custom VJP) and fall back to nested
+    ``jax.jvp`` for any other function.
     """
 
     in_size: eqx.AbstractVar[int]

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from ._batch import batch_second, second_rows
 from ._jet import Form, Jet, elementwise, generic_jet, input_affine
 from ._models import AbstractNeuralField, _chain
 from ._remat import recompute_block
@@ -35,6 +36,21 @@ def _check_point(x) -> Array:
     if x.ndim != 1:
         raise ValueError(
             f"x must be one point of shape (d,), got shape {x.shape}; use jax.vmap over points."
+        )
+    return x
+
+
+def _check_points(x) -> Array:
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise TypeError(
+            f"x must be a floating-point array to be differentiated, got dtype {x.dtype}; "
+            "cast it with x.astype(float)."
+        )
+    if x.ndim != 2:
+        raise ValueError(
+            f"with batched=True, x must be a batch of points of shape (N, d), got shape "
+            f"{x.shape}; pass one point with batched=False."
         )
     return x
 
@@ -156,6 +172,26 @@ def _jet(fn, x, indices, form: Form, recompute: bool) -> Jet:
     return _generic(fn, x, directions, form, recompute)
 
 
+def _prepare(fn, x, batched: bool) -> tuple[Array, int, bool]:
+    """Checked points and ``fn``'s output size and scalar-ness, for one point or a batch."""
+    if not batched:
+        x = _check_point(x)
+        return x, *_output_info(fn, x)
+    x = _check_points(x)
+    return x, *_output_info(fn, jax.ShapeDtypeStruct(x.shape[1:], x.dtype))
+
+
+def _second(fn, x, indices, form: Form, recompute: bool, batched: bool) -> Array:
+    """Second-order rows of ``fn``: ``(s, m)`` at one point, ``(N, s, m)`` for a batch."""
+    if batched:
+        # A NumPy constant: the batch custom VJP's backward pass may be traced outside the
+        # jit that traced its forward pass (e.g. jax.vjp of a jitted loss), so it must not
+        # close over a traced array.
+        directions = np.eye(x.shape[-1], dtype=x.dtype)[list(indices)]
+        return batch_second(fn, x, directions, form, recompute)
+    return second_rows(_jet(fn, x, indices, form, recompute).second, form)
+
+
 def _jacobian(fn, x, indices) -> tuple[Array, Array]:
     """``(fn(x), J)`` with ``J[p] = d fn / d x_{indices[p]}`` of shape ``(k, m)``, forward mode."""
     directions = _directions(indices, x.shape[0], x.dtype)
@@ -171,8 +207,13 @@ def _jacobian(fn, x, indices) -> tuple[Array, Array]:
 
 
 def laplacian(
-    fn: PointFn, *, spatial: Spatial = None, component: int | None = None, recompute: bool = True
-) -> Callable[[Float[Array, " d"]], Float[Array, ""]]:
+    fn: PointFn,
+    *,
+    spatial: Spatial = None,
+    component: int | None = None,
+    recompute: bool = True,
+    batched: bool = False,
+) -> Callable[[Float[Array, "*n d"]], Float[Array, "*n"]]:
     """Laplacian of a scalar field over selected input coordinates, in forward mode.
 
     .. math:: \\Delta u(x) = \\sum_{i \\in S} \\frac{\\partial^2 u}{\\partial x_i^2}(x)
@@ -180,10 +221,13 @@ def laplacian(
     Value, first derivatives and the Laplacian are pushed through ``fn`` in one forward pass
     (the forward Laplacian of Li et al. 2023, arXiv:2307.08214) for physjax models and
     ``equinox.nn.MLP``; any other function uses nested ``jax.jvp`` per direction. With
-    ``recompute=True`` the backward pass recomputes instead of storing: for layered models
-    each layer block is a ``jax.checkpoint`` that keeps only its input jet (one per layer);
-    any other function goes through a ``jax.custom_vjp`` that keeps only its inputs and
-    re-runs the forward-mode operator under ``jax.vjp`` in the backward pass.
+    ``recompute=True`` the backward pass recomputes instead of storing. With
+    ``batched=True`` (the fast path for training losses) an MLP-like chain is one
+    batch-level ``jax.custom_vjp`` that saves one pre-activation array per layer and forms
+    each weight cotangent as one matmul over all points; any other function is a
+    batch-level ``jax.custom_vjp`` that keeps its inputs and re-runs the operator under
+    ``jax.vjp``. For one point, layered models use a ``jax.checkpoint`` per layer block and
+    other functions a per-point ``jax.custom_vjp`` that keeps its inputs.
 
     Args:
         fn: ``R^d -> R`` or ``R^d -> R^m`` (with ``component``); a physjax model, an Equinox
@@ -194,26 +238,30 @@ def laplacian(
         recompute: bounded-memory backward pass (default). Set ``False`` for plain autodiff
             through the forward-mode computation, e.g. to apply ``jax.jvp`` to the result
             (a ``jax.custom_vjp`` cannot be differentiated in forward mode).
+        batched: return a function of a batch of points ``(N, d)`` instead of one point;
+            equal to ``jax.vmap`` of the per-point function, but much faster and smaller
+            under ``grad`` (``jax.vmap`` cannot route a per-point custom VJP to a batch one;
+            see ``docs/gradients.md``). ``jax.vmap`` of the batched function, e.g. over an
+            ensemble of models, is supported.
 
     Returns:
-        A function of one point ``x`` of shape ``(d,)`` returning a scalar; ``jax.vmap`` it
-        over points.
+        A function of one point ``x`` of shape ``(d,)`` returning a scalar (``jax.vmap`` it
+        over points), or with ``batched=True`` of points ``(N, d)`` returning ``(N,)``.
     """
     _check_callable(fn)
 
-    def apply(x: Float[Array, " d"]) -> Float[Array, ""]:
-        x = _check_point(x)
-        m, scalar = _output_info(fn, x)
+    def apply(x: Float[Array, "*n d"]) -> Float[Array, "*n"]:
+        x, m, scalar = _prepare(fn, x, batched)
         c = _component(component, m, scalar, "laplacian", "vector_laplacian")
-        idx = _spatial_indices(spatial, x.shape[0])
-        return _jet(fn, x, idx, "trace", recompute).second[c]
+        idx = _spatial_indices(spatial, x.shape[-1])
+        return _second(fn, x, idx, "trace", recompute, batched)[..., 0, c]
 
     return apply
 
 
 def vector_laplacian(
-    fn: PointFn, *, spatial: Spatial = None, recompute: bool = True
-) -> Callable[[Float[Array, " d"]], Float[Array, " m"]]:
+    fn: PointFn, *, spatial: Spatial = None, recompute: bool = True, batched: bool = False
+) -> Callable[[Float[Array, "*n d"]], Float[Array, "*n m"]]:
     """Laplacian of every output component, in one forward pass.
 
     .. math:: (\\Delta u)_c(x) = \\sum_{i \\in S} \\partial^2 u_c / \\partial x_i^2
@@ -221,71 +269,82 @@ def vector_laplacian(
     Args:
         fn: ``R^d -> R^m``; see :func:`laplacian`.
         spatial: input coordinates to differentiate over (default: all).
-        recompute: see :func:`laplacian`.
+        recompute, batched: see :func:`laplacian`.
 
     Returns:
-        A function of one point returning shape ``(m,)`` (a scalar if ``fn`` is scalar).
+        A function of one point returning shape ``(m,)`` (a scalar if ``fn`` is scalar);
+        with ``batched=True``, of points ``(N, d)`` returning ``(N, m)`` (or ``(N,)``).
     """
     _check_callable(fn)
 
-    def apply(x: Float[Array, " d"]) -> Float[Array, " m"]:
-        x = _check_point(x)
-        _, scalar = _output_info(fn, x)
-        idx = _spatial_indices(spatial, x.shape[0])
-        second = _jet(fn, x, idx, "trace", recompute).second
-        return second[0] if scalar else second
+    def apply(x: Float[Array, "*n d"]) -> Float[Array, "*n m"]:
+        x, _, scalar = _prepare(fn, x, batched)
+        idx = _spatial_indices(spatial, x.shape[-1])
+        second = _second(fn, x, idx, "trace", recompute, batched)[..., 0, :]
+        return second[..., 0] if scalar else second
 
     return apply
 
 
 def hessian_diagonal(
-    fn: PointFn, *, spatial: Spatial = None, component: int | None = None, recompute: bool = True
-) -> Callable[[Float[Array, " d"]], Float[Array, " k"]]:
+    fn: PointFn,
+    *,
+    spatial: Spatial = None,
+    component: int | None = None,
+    recompute: bool = True,
+    batched: bool = False,
+) -> Callable[[Float[Array, "*n d"]], Float[Array, "*n k"]]:
     """Unmixed second partials ``d^2 u / d x_i^2`` for ``i`` in ``spatial``, in forward mode.
 
     Args:
-        fn, spatial, component, recompute: see :func:`laplacian`.
+        fn, spatial, component, recompute, batched: see :func:`laplacian`.
 
     Returns:
-        A function of one point returning shape ``(k,)``, ``k = len(spatial)``.
+        A function of one point returning shape ``(k,)``, ``k = len(spatial)``; with
+        ``batched=True``, of points ``(N, d)`` returning ``(N, k)``.
     """
     _check_callable(fn)
 
-    def apply(x: Float[Array, " d"]) -> Float[Array, " k"]:
-        x = _check_point(x)
-        m, scalar = _output_info(fn, x)
+    def apply(x: Float[Array, "*n d"]) -> Float[Array, "*n k"]:
+        x, m, scalar = _prepare(fn, x, batched)
         c = _component(component, m, scalar, "hessian_diagonal", None)
-        idx = _spatial_indices(spatial, x.shape[0])
-        return _jet(fn, x, idx, "diag", recompute).second[:, c]
+        idx = _spatial_indices(spatial, x.shape[-1])
+        return _second(fn, x, idx, "diag", recompute, batched)[..., c]
 
     return apply
 
 
 def second_partial(
-    fn: PointFn, i: int, j: int, *, component: int | None = None, recompute: bool = True
-) -> Callable[[Float[Array, " d"]], Float[Array, ""]]:
+    fn: PointFn,
+    i: int,
+    j: int,
+    *,
+    component: int | None = None,
+    recompute: bool = True,
+    batched: bool = False,
+) -> Callable[[Float[Array, "*n d"]], Float[Array, "*n"]]:
     """One second partial derivative ``d^2 u / (d x_i d x_j)``, in forward mode.
 
     Args:
-        fn, component, recompute: see :func:`laplacian`.
+        fn, component, recompute, batched: see :func:`laplacian`.
         i, j: input coordinates (``i == j`` gives an unmixed second derivative).
 
     Returns:
-        A function of one point returning a scalar.
+        A function of one point returning a scalar; with ``batched=True``, of points
+        ``(N, d)`` returning ``(N,)``.
     """
     _check_callable(fn)
     i = _as_index(i, "i")
     j = _as_index(j, "j")
 
-    def apply(x: Float[Array, " d"]) -> Float[Array, ""]:
-        x = _check_point(x)
-        m, scalar = _output_info(fn, x)
+    def apply(x: Float[Array, "*n d"]) -> Float[Array, "*n"]:
+        x, m, scalar = _prepare(fn, x, batched)
         c = _component(component, m, scalar, "second_partial", None)
-        (a,) = _spatial_indices(i, x.shape[0], "i")
-        (b,) = _spatial_indices(j, x.shape[0], "j")
+        (a,) = _spatial_indices(i, x.shape[-1], "i")
+        (b,) = _spatial_indices(j, x.shape[-1], "j")
         if a == b:
-            return _jet(fn, x, (a,), "trace", recompute).second[c]
-        return _jet(fn, x, (a, b), "mixed", recompute).second[c]
+            return _second(fn, x, (a,), "trace", recompute, batched)[..., 0, c]
+        return _second(fn, x, (a, b), "mixed", recompute, batched)[..., 0, c]
 
     return apply
 
