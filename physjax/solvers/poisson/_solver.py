@@ -285,13 +285,14 @@ class PoissonSolver(eqx.Module):
         """``f - A u`` with the boundary values folded into ``f``."""
         return self.rhs(f, boundary_values) - self.operator(u)
 
-    def _compatible(self, f: jax.Array) -> jax.Array:
+    def _compatible(self, f: jax.Array, prechecked: bool = False) -> jax.Array:
         if not self.singular:
             return f
-        mean = jnp.mean(f)
         if self.compatibility == "project":
-            return f - mean
-        scale = jnp.max(jnp.abs(f))
+            return f - jnp.mean(f)
+        if prechecked:  # verified on the concrete input before compiling
+            return f
+        mean, scale = _mean_and_scale(f)
         tol = 100 * jnp.finfo(f.dtype).eps * scale * max(1.0, np.log2(f.size))
         bad = jnp.abs(mean) > tol
         msg = (
@@ -361,13 +362,16 @@ class PoissonSolver(eqx.Module):
             check_vma=False,
         )(f, coefficient, self.coarse_inverse)
 
-    def _precheck(self, f, boundary_values) -> None:
-        """Configuration-level checks on concrete inputs, before anything is compiled."""
+    def _precheck(self, f, boundary_values) -> bool:
+        """Configuration-level checks on concrete inputs, before anything is compiled;
+        returns whether the compatibility condition was verified here."""
         f = self._check_field(f, "f")
         if self.singular and self.compatibility == "check" and _concrete(f):
             b = self.rhs(f, boundary_values)
             if _concrete(b):
                 self._compatible(b)
+                return True
+        return False
 
     def solve(self, f: Field, boundary_values: Mapping[str, Any] | None = None) -> PoissonSolution:
         """Solve and report diagnostics.
@@ -381,12 +385,12 @@ class PoissonSolver(eqx.Module):
 
         **Returns:** a [`physjax.solvers.poisson.PoissonSolution`][].
         """
-        self._precheck(f, boundary_values)
-        return self._solve_jit(f, boundary_values)
+        prechecked = self._precheck(f, boundary_values)
+        return self._solve_jit(f, boundary_values, prechecked)
 
     @eqx.filter_jit
-    def _solve_jit(self, f, boundary_values):
-        b = self._compatible(self.rhs(f, boundary_values))
+    def _solve_jit(self, f, boundary_values, prechecked=False):
+        b = self._compatible(self.rhs(f, boundary_values), prechecked)
         u, info = self._run(b, self.coefficient)
         if self.method == "spectral":
             r = b - self.operator(u)
@@ -405,12 +409,12 @@ class PoissonSolver(eqx.Module):
 
     def __call__(self, f: Field, boundary_values: Mapping[str, Any] | None = None) -> Field:
         """The solution ``u`` of the grid's shape (see [`solve`][] for diagnostics)."""
-        self._precheck(f, boundary_values)
-        return self._call_jit(f, boundary_values)
+        prechecked = self._precheck(f, boundary_values)
+        return self._call_jit(f, boundary_values, prechecked)
 
     @eqx.filter_jit
-    def _call_jit(self, f, boundary_values):
-        b = self._compatible(self.rhs(f, boundary_values))
+    def _call_jit(self, f, boundary_values, prechecked=False):
+        b = self._compatible(self.rhs(f, boundary_values), prechecked)
         u, info = self._run(b, self.coefficient)
         if self.method != "spectral" and self.throw:
             u = eqx.error_if(
@@ -421,6 +425,11 @@ class PoissonSolver(eqx.Module):
                 "tolerance, or pass throw=False and call .solve to read .converged",
             )
         return u
+
+
+@jax.jit
+def _mean_and_scale(f):
+    return jnp.mean(f), jnp.max(jnp.abs(f))
 
 
 def solve(

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ...grids import Grid
@@ -38,6 +39,16 @@ def _inverse_eigenvalues(lams: Sequence[jax.Array], dtype) -> jax.Array:
     return jnp.where(total == 0, 0, 1 / safe)
 
 
+def _inverse_eigenvalues_np(lams: Sequence[np.ndarray]) -> np.ndarray:
+    """As [`_inverse_eigenvalues`][], in NumPy at trace time: a constant of the compiled
+    solve instead of a pass over the spectrum at every call."""
+    total = sum(
+        np.reshape(lam, [-1 if b == a else 1 for b in range(len(lams))])
+        for a, lam in enumerate(lams)
+    )
+    return np.where(total == 0, 0.0, 1.0 / np.where(total == 0, 1.0, total))
+
+
 def spectral_solve_local(
     f: jax.Array, grid: Grid, bc: Sequence[str], continuous: bool = False
 ) -> jax.Array:
@@ -54,11 +65,9 @@ def spectral_solve_local(
     for a in range(d):
         half = bool(fft_axes) and a == fft_axes[-1]
         lams.append(
-            jnp.asarray(
-                eigenvalues(bc[a], grid.shape[a], grid.spacing[a], half=half, continuous=continuous)
-            )
+            eigenvalues(bc[a], grid.shape[a], grid.spacing[a], half=half, continuous=continuous)
         )
-    g = g * _inverse_eigenvalues(lams, f.dtype)
+    g = g * jnp.asarray(_inverse_eigenvalues_np(lams), dtype=f.dtype)
     if fft_axes:
         g = jnp.fft.irfftn(g, s=[grid.shape[a] for a in fft_axes], axes=fft_axes)
     for a in reversed(real_axes):
