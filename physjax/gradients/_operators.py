@@ -26,14 +26,19 @@ def _check_callable(fn, name: str = "fn") -> None:
         raise TypeError(f"{name} must be a callable of one point x of shape (d,), got {fn!r}.")
 
 
-def _check_point(x) -> Array:
+def _check_point(x, batched: bool = False) -> Array:
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(
             f"x must be a floating-point array to be differentiated, got dtype {x.dtype}; "
             "cast it with x.astype(float)."
         )
-    if x.ndim != 1:
+    if batched and x.ndim != 2:
+        raise ValueError(
+            f"with batched=True, x must be a batch of points of shape (N, d), got shape "
+            f"{x.shape}; pass one point with batched=False."
+        )
+    if not batched and x.ndim != 1:
         raise ValueError(
             f"x must be one point of shape (d,), got shape {x.shape}; use jax.vmap over points."
         )
@@ -41,18 +46,7 @@ def _check_point(x) -> Array:
 
 
 def _check_points(x) -> Array:
-    x = jnp.asarray(x)
-    if not jnp.issubdtype(x.dtype, jnp.floating):
-        raise TypeError(
-            f"x must be a floating-point array to be differentiated, got dtype {x.dtype}; "
-            "cast it with x.astype(float)."
-        )
-    if x.ndim != 2:
-        raise ValueError(
-            f"with batched=True, x must be a batch of points of shape (N, d), got shape "
-            f"{x.shape}; pass one point with batched=False."
-        )
-    return x
+    return _check_point(x, batched=True)
 
 
 def _as_index(i, name: str) -> int:

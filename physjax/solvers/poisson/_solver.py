@@ -388,23 +388,29 @@ class PoissonSolver(eqx.Module):
         prechecked = self._precheck(f, boundary_values)
         return self._solve_jit(f, boundary_values, prechecked)
 
-    @eqx.filter_jit
-    def _solve_jit(self, f, boundary_values, prechecked=False):
+    def _solve_core(self, f, boundary_values, prechecked, residual: bool):
         b = self._compatible(self.rhs(f, boundary_values), prechecked)
         u, info = self._run(b, self.coefficient)
         if self.method == "spectral":
-            r = b - self.operator(u)
-            bn = jnp.sqrt(jnp.sum(b * b))
-            rel = jnp.sqrt(jnp.sum(r * r)) / jnp.where(bn > 0, bn, 1)
-            info = mg.IterativeInfo(info.iterations, rel, info.converged)
+            if residual:
+                r = b - self.operator(u)
+                bn = jnp.sqrt(jnp.sum(b * b))
+                rel = jnp.sqrt(jnp.sum(r * r)) / jnp.where(bn > 0, bn, 1)
+                info = mg.IterativeInfo(info.iterations, rel, info.converged)
         elif self.throw:
             u = eqx.error_if(
                 u,
                 ~info.converged,
                 f"the {self.method} Poisson solve did not converge within max_iterations="
                 f"{self.max_iterations} to rtol={self.rtol:g}; raise max_iterations or the "
-                "tolerance, check the coefficient, or pass throw=False and read .converged",
+                "tolerance, check the coefficient, or pass throw=False and read .converged "
+                "from .solve",
             )
+        return u, info
+
+    @eqx.filter_jit
+    def _solve_jit(self, f, boundary_values, prechecked=False):
+        u, info = self._solve_core(f, boundary_values, prechecked, residual=True)
         return PoissonSolution(u, info.residual_norm, info.iterations, info.converged)
 
     def __call__(self, f: Field, boundary_values: Mapping[str, Any] | None = None) -> Field:
@@ -414,17 +420,7 @@ class PoissonSolver(eqx.Module):
 
     @eqx.filter_jit
     def _call_jit(self, f, boundary_values, prechecked=False):
-        b = self._compatible(self.rhs(f, boundary_values), prechecked)
-        u, info = self._run(b, self.coefficient)
-        if self.method != "spectral" and self.throw:
-            u = eqx.error_if(
-                u,
-                ~info.converged,
-                f"the {self.method} Poisson solve did not converge within max_iterations="
-                f"{self.max_iterations} to rtol={self.rtol:g}; raise max_iterations or the "
-                "tolerance, or pass throw=False and call .solve to read .converged",
-            )
-        return u
+        return self._solve_core(f, boundary_values, prechecked, residual=False)[0]
 
 
 @jax.jit
