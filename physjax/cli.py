@@ -469,7 +469,10 @@ def _version() -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from ._memory import tune_cpu_allocator
     from ._runner import SimulationBlewUp
+
+    tune_cpu_allocator()  # reuse large freed buffers; PHYSJAX_NO_ALLOCATOR_TUNING=1 to skip
 
     try:
         return args.func(args)

@@ -234,3 +234,15 @@ def test_script_wrapper_runs(tmp_path):
     assert f"to {out}" in res.stdout
     with xr.open_dataset(out) as ds:
         assert ds.attrs["status"] == "complete"
+
+
+def test_cpu_allocator_tuning(monkeypatch):
+    import platform
+
+    import physjax
+
+    monkeypatch.setenv("PHYSJAX_NO_ALLOCATOR_TUNING", "1")
+    assert physjax.tune_cpu_allocator() is False
+    monkeypatch.delenv("PHYSJAX_NO_ALLOCATOR_TUNING")
+    expected = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
+    assert physjax.tune_cpu_allocator() is expected

@@ -6,6 +6,11 @@ reflection); see [`physjax.solvers.poisson._transforms`][]. The transformed righ
 is divided by the sum of the 1-D eigenvalues and transformed back. The zero mode of a
 problem without Dirichlet axes is set to zero (zero-mean gauge).
 
+On one device every combination of boundary conditions is solved with one multi-axis real
+FFT and its inverse (see [`spectral_solve_local`][]): sine/cosine axes are reordered before
+the FFT and their coefficient pairs combined in one pass over the spectrum, so no axis is
+transposed and no transform is run axis by axis.
+
 On a decomposed grid the transforms run on slabs: a first round of ``lax.all_to_all``
 gathers every axis but the first on each device (the first split over all devices), the
 trailing axes are transformed, a second all-to-all over all devices gathers the first axis
@@ -39,40 +44,167 @@ def _inverse_eigenvalues(lams: Sequence[jax.Array], dtype) -> jax.Array:
     return jnp.where(total == 0, 0, 1 / safe)
 
 
-def _inverse_eigenvalues_np(lams: Sequence[np.ndarray]) -> np.ndarray:
-    """As [`_inverse_eigenvalues`][], in NumPy at trace time: a constant of the compiled
-    solve instead of a pass over the spectrum at every call."""
-    total = sum(
-        np.reshape(lam, [-1 if b == a else 1 for b in range(len(lams))])
-        for a, lam in enumerate(lams)
-    )
-    return np.where(total == 0, 0.0, 1.0 / np.where(total == 0, 1.0, total))
-
-
 def spectral_solve_local(
     f: jax.Array, grid: Grid, bc: Sequence[str], continuous: bool = False
 ) -> jax.Array:
-    """Solve ∇²u = f on one device (homogeneous boundary conditions)."""
+    """Solve ∇²u = f on one device (homogeneous boundary conditions).
+
+    One real FFT over all axes and one inverse, whatever the boundary conditions: each
+    Dirichlet/Neumann axis is reordered as in Makhoul's fast cosine transform (Dirichlet
+    axes first multiplied by ``(-1)^j``, which turns the DST-II into a reversed DCT-II), and
+    the pairs of FFT coefficients ``(k, -k)`` that make up the cosine coefficients are
+    combined, divided by the eigenvalues and split again in one pass over the spectrum.
+    This is the same exact discrete solve as transforming axis by axis with
+    [`dst2`][physjax.solvers.poisson._transforms.dst2] /
+    [`dct2`][physjax.solvers.poisson._transforms.dct2], with two FFT calls instead of
+    one per axis and direction, and no transposes.
+    """
     d = grid.ndim
-    real_axes = [a for a in range(d) if bc[a] != "periodic"]
-    fft_axes = [a for a in range(d) if bc[a] == "periodic"]
-    g = f
-    for a in real_axes:
-        g = _FORWARD[bc[a]](g, a)
-    if fft_axes:
-        g = jnp.fft.rfftn(g, axes=fft_axes)
+    last = d - 1
+    dtype = f.dtype
+    shape = grid.shape
+    # eigenvalues in the order of the (reordered-FFT) cosine index of each axis
     lams = []
     for a in range(d):
-        half = bool(fft_axes) and a == fft_axes[-1]
-        lams.append(
-            eigenvalues(bc[a], grid.shape[a], grid.spacing[a], half=half, continuous=continuous)
-        )
-    g = g * jnp.asarray(_inverse_eigenvalues_np(lams), dtype=f.dtype)
-    if fft_axes:
-        g = jnp.fft.irfftn(g, s=[grid.shape[a] for a in fft_axes], axes=fft_axes)
-    for a in reversed(real_axes):
-        g = _INVERSE[bc[a]](g, a)
-    return g.astype(f.dtype)
+        lam = eigenvalues(bc[a], shape[a], grid.spacing[a], half=a == last, continuous=continuous)
+        lams.append(lam[::-1] if bc[a] == "dirichlet" else lam)
+    paired = [a for a in range(last) if bc[a] != "periodic"]
+    complex_axes = [a for a in range(last) if bc[a] == "periodic"]
+
+    def along(v, a):
+        return jnp.asarray(np.reshape(v, [-1 if b == a else 1 for b in range(d)]), dtype)
+
+    def inverse_sum(per_axis):
+        total = sum(along(v, a) for a, v in enumerate(per_axis))
+        return jnp.where(total == 0, 0, 1 / jnp.where(total == 0, 1, total))
+
+    def twiddle(a, m):
+        w = np.exp(-0.5j * np.pi * np.arange(m) / shape[a])
+        return along(w.real, a), along(w.imag, a)
+
+    x = f * _signs(bc, shape, dtype)
+    for a in range(d):
+        if bc[a] != "periodic":
+            x = _reorder(x, a)
+    spec = jnp.fft.rfftn(x)
+    z = (spec.real, spec.imag)
+    for a in paired:
+        w = twiddle(a, shape[a])
+        z = _c_scale(_c_add(_c_mul(w, z), _c_mul(_c_conj(w), _c_map(_flip_mod, z, a))), 0.5)
+    if bc[last] == "periodic":
+        z = _c_scale(z, inverse_sum(lams))
+    else:
+        n = shape[last]
+        m = n // 2 + 1
+        k = np.arange(1, m)
+        mirrored = np.concatenate([[np.inf], lams[last][n - k]])  # index n: no such mode
+        inv_k = inverse_sum([*lams[:last], lams[last][:m]])
+        inv_mirror = inverse_sum([*lams[:last], mirrored])
+        w = twiddle(last, m)
+        zw = _c_mul(w, z)
+        if complex_axes:
+            partner = z
+            for a in complex_axes:
+                partner = _c_map(_flip_mod, partner, a)
+            q = _c_mul(_c_conj(w), _c_conj(partner))
+            c_k = _c_scale(_c_add(zw, q), 0.5)
+            c_mirror = _c_scale(_c_times_i(_c_sub(zw, q)), 0.5)
+            solved = _c_sub(_c_scale(c_k, inv_k), _c_times_i(_c_scale(c_mirror, inv_mirror)))
+        else:
+            # real data along the other axes: Re and -Im of w·z are the cosine coefficients
+            # of modes k and n - k
+            solved = (zw[0] * inv_k, zw[1] * inv_mirror)
+        z = _c_mul(_c_conj(w), solved)
+    for a in reversed(paired):
+        w = twiddle(a, shape[a])
+        z = _c_mul(_c_conj(w), _c_sub(z, _c_times_i(_c_map(_shift_mirror, z, a))))
+    x = jnp.fft.irfftn(lax.complex(*z), s=shape)
+    for a in range(d):
+        if bc[a] != "periodic":
+            x = _unreorder(x, a)
+    return (x * _signs(bc, shape, dtype)).astype(dtype)
+
+
+def _signs(bc, shape, dtype):
+    """``(-1)^j`` along each Dirichlet axis (1 elsewhere), as a broadcastable constant."""
+    out = np.ones([1] * len(shape))
+    for a, kind in enumerate(bc):
+        if kind == "dirichlet":
+            alt = 1 - 2 * (np.arange(shape[a]) % 2)
+            out = out * alt.reshape([-1 if b == a else 1 for b in range(len(shape))])
+    return jnp.asarray(out, dtype)
+
+
+def _slice(x, a, start, stop, step=1):
+    return lax.slice_in_dim(x, start, stop, step, a)
+
+
+def _reorder(x, a):
+    """``(x0, x2, x4, …, x5, x3, x1)`` along axis ``a`` (Makhoul's ordering)."""
+    n = x.shape[a]
+    if n % 2 == 0:
+        pairs = x.reshape(*x.shape[:a], n // 2, 2, *x.shape[a + 1 :])
+        even = lax.index_in_dim(pairs, 0, a + 1, keepdims=False)
+        odd = lax.index_in_dim(pairs, 1, a + 1, keepdims=False)
+    else:
+        even, odd = _slice(x, a, 0, n, 2), _slice(x, a, 1, n, 2)
+    return jnp.concatenate([even, jnp.flip(odd, a)], a)
+
+
+def _unreorder(v, a):
+    """Inverse of [`_reorder`][]."""
+    n = v.shape[a]
+    ne = (n + 1) // 2
+    even = _slice(v, a, 0, ne)
+    odd = jnp.flip(_slice(v, a, ne, n), a)
+    if n % 2:
+        pad = [(0, 0)] * v.ndim
+        pad[a] = (0, 1)
+        odd = jnp.pad(odd, pad)
+    out = jnp.stack([even, odd], a + 1).reshape(*v.shape[:a], 2 * ne, *v.shape[a + 1 :])
+    return _slice(out, a, 0, n)
+
+
+def _flip_mod(x, a):
+    """``y[k] = x[(-k) mod n]`` along axis ``a``."""
+    n = x.shape[a]
+    return jnp.concatenate([_slice(x, a, 0, 1), jnp.flip(_slice(x, a, 1, n), a)], a)
+
+
+def _shift_mirror(x, a):
+    """``y[k] = x[n - k]`` along axis ``a``, with ``y[0] = 0``."""
+    n = x.shape[a]
+    return jnp.concatenate([jnp.zeros_like(_slice(x, a, 0, 1)), jnp.flip(_slice(x, a, 1, n), a)], a)
+
+
+# Complex numbers as (real, imaginary) pairs of real arrays: XLA:CPU vectorises real
+# arithmetic, not complex.
+def _c_mul(p, q):
+    return p[0] * q[0] - p[1] * q[1], p[0] * q[1] + p[1] * q[0]
+
+
+def _c_add(p, q):
+    return p[0] + q[0], p[1] + q[1]
+
+
+def _c_sub(p, q):
+    return p[0] - q[0], p[1] - q[1]
+
+
+def _c_conj(p):
+    return p[0], -p[1]
+
+
+def _c_scale(p, s):
+    return p[0] * s, p[1] * s
+
+
+def _c_times_i(p):
+    return -p[1], p[0]
+
+
+def _c_map(fn, p, *args):
+    return fn(p[0], *args), fn(p[1], *args)
 
 
 def _split_axes(grid: Grid) -> tuple[str, ...]:
