@@ -75,17 +75,24 @@ def spectral_solve_local(
         return jnp.asarray(np.reshape(v, [-1 if b == a else 1 for b in range(d)]), dtype)
 
     def inverse_sum(per_axis):
-        total = sum(along(v, a) for a, v in enumerate(per_axis))
-        return jnp.where(total == 0, 0, 1 / jnp.where(total == 0, 1, total))
+        # 1 / Σ λ as a trace-time constant (computing it in the graph costs a pass per call)
+        total = sum(
+            np.reshape(v, [-1 if b == a else 1 for b in range(d)]) for a, v in enumerate(per_axis)
+        )
+        with np.errstate(divide="ignore"):
+            inv = np.where(total == 0, 0.0, 1.0 / np.where(total == 0, 1.0, total))
+        return jnp.asarray(inv, dtype)
 
     def twiddle(a, m):
         w = np.exp(-0.5j * np.pi * np.arange(m) / shape[a])
         return along(w.real, a), along(w.imag, a)
 
-    x = f * _signs(bc, shape, dtype)
+    # (-1)^j on a Dirichlet axis is +1 on the even and -1 on the odd points: the odd ones
+    # are negated as they are reordered (and again as they are put back).
+    x = f
     for a in range(d):
         if bc[a] != "periodic":
-            x = _reorder(x, a)
+            x = _reorder(x, a, negate_odd=bc[a] == "dirichlet")
     spec = jnp.fft.rfftn(x)
     z = (spec.real, spec.imag)
     for a in paired:
@@ -121,26 +128,17 @@ def spectral_solve_local(
     x = jnp.fft.irfftn(lax.complex(*z), s=shape)
     for a in range(d):
         if bc[a] != "periodic":
-            x = _unreorder(x, a)
-    return (x * _signs(bc, shape, dtype)).astype(dtype)
-
-
-def _signs(bc, shape, dtype):
-    """``(-1)^j`` along each Dirichlet axis (1 elsewhere), as a broadcastable constant."""
-    out = np.ones([1] * len(shape))
-    for a, kind in enumerate(bc):
-        if kind == "dirichlet":
-            alt = 1 - 2 * (np.arange(shape[a]) % 2)
-            out = out * alt.reshape([-1 if b == a else 1 for b in range(len(shape))])
-    return jnp.asarray(out, dtype)
+            x = _unreorder(x, a, negate_odd=bc[a] == "dirichlet")
+    return x.astype(dtype)
 
 
 def _slice(x, a, start, stop, step=1):
     return lax.slice_in_dim(x, start, stop, step, a)
 
 
-def _reorder(x, a):
-    """``(x0, x2, x4, …, x5, x3, x1)`` along axis ``a`` (Makhoul's ordering)."""
+def _reorder(x, a, negate_odd=False):
+    """``(x0, x2, x4, …, x5, x3, x1)`` along axis ``a`` (Makhoul's ordering); with
+    ``negate_odd`` the odd-indexed points change sign."""
     n = x.shape[a]
     if n % 2 == 0:
         pairs = x.reshape(*x.shape[:a], n // 2, 2, *x.shape[a + 1 :])
@@ -148,15 +146,19 @@ def _reorder(x, a):
         odd = lax.index_in_dim(pairs, 1, a + 1, keepdims=False)
     else:
         even, odd = _slice(x, a, 0, n, 2), _slice(x, a, 1, n, 2)
+    if negate_odd:
+        odd = -odd
     return jnp.concatenate([even, jnp.flip(odd, a)], a)
 
 
-def _unreorder(v, a):
+def _unreorder(v, a, negate_odd=False):
     """Inverse of [`_reorder`][]."""
     n = v.shape[a]
     ne = (n + 1) // 2
     even = _slice(v, a, 0, ne)
     odd = jnp.flip(_slice(v, a, ne, n), a)
+    if negate_odd:
+        odd = -odd
     if n % 2:
         pad = [(0, 0)] * v.ndim
         pad[a] = (0, 1)
