@@ -7,8 +7,9 @@ so each call of a large solve touches every page of its buffers anew: the kernel
 and zeroes them. On the 2-core benchmark machine this made a 2048² spectral Poisson solve
 1.5–2× slower than its arithmetic (see docs/benchmarks.md). [`tune_cpu_allocator`][]
 switches glibc to one arena, no mmap for large blocks and no trimming of the heap top, so
-freed buffers are reused without faults; the cost is that memory freed by the process is
-kept, not returned to the system.
+freed buffers are reused without faults; the costs are that memory freed by the process is
+kept, not returned to the system, and that all threads share one malloc arena (compilation,
+which allocates from several threads, was ~10% slower in a test run).
 """
 
 from __future__ import annotations

@@ -6,6 +6,9 @@ os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4"
 ).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# The CLI tests call physjax.cli.main in this process; keep the test process on glibc's
+# default allocator (tune_cpu_allocator is tested in a subprocess).
+os.environ["PHYSJAX_NO_ALLOCATOR_TUNING"] = "1"
 
 import jax  # noqa: E402
 

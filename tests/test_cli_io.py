@@ -236,13 +236,21 @@ def test_script_wrapper_runs(tmp_path):
         assert ds.attrs["status"] == "complete"
 
 
-def test_cpu_allocator_tuning(monkeypatch):
+def test_cpu_allocator_tuning():
     import platform
 
-    import physjax
-
-    monkeypatch.setenv("PHYSJAX_NO_ALLOCATOR_TUNING", "1")
-    assert physjax.tune_cpu_allocator() is False
-    monkeypatch.delenv("PHYSJAX_NO_ALLOCATOR_TUNING")
+    code = "import physjax; print(physjax.tune_cpu_allocator())"
+    env = {k: v for k, v in os.environ.items() if k != "PHYSJAX_NO_ALLOCATOR_TUNING"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
     expected = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
-    assert physjax.tune_cpu_allocator() is expected
+    assert out.stdout.strip() == str(expected)
+    disabled = subprocess.run(
+        [sys.executable, "-c", code],
+        env={**env, "PHYSJAX_NO_ALLOCATOR_TUNING": "1"},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert disabled.stdout.strip() == "False"
