@@ -50,8 +50,9 @@ def spectral_solve_local(
     """Solve ∇²u = f on one device (homogeneous boundary conditions).
 
     One real FFT over all axes and one inverse, whatever the boundary conditions: each
-    Dirichlet/Neumann axis is reordered as in Makhoul's fast cosine transform (Dirichlet
-    axes first multiplied by ``(-1)^j``, which turns the DST-II into a reversed DCT-II), and
+    Dirichlet/Neumann axis is reordered as in Makhoul's fast cosine transform (on Dirichlet
+    axes the odd points negated, i.e. multiplied by ``(-1)^j``, which turns the DST-II into
+    a reversed DCT-II), and
     the pairs of FFT coefficients ``(k, -k)`` that make up the cosine coefficients are
     combined, divided by the eigenvalues and split again in one pass over the spectrum.
     This is the same exact discrete solve as transforming axis by axis with
@@ -79,8 +80,7 @@ def spectral_solve_local(
         total = sum(
             np.reshape(v, [-1 if b == a else 1 for b in range(d)]) for a, v in enumerate(per_axis)
         )
-        with np.errstate(divide="ignore"):
-            inv = np.where(total == 0, 0.0, 1.0 / np.where(total == 0, 1.0, total))
+        inv = np.where(total == 0, 0.0, 1.0 / np.where(total == 0, 1.0, total))
         return jnp.asarray(inv, dtype)
 
     def twiddle(a, m):
