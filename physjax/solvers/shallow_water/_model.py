@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, ArrayLike, Float
 
+from ..._custom_types import is_concrete
 from ...grids import (
     CENTRE,
     X_FACE,
@@ -134,10 +135,10 @@ class ShallowWater(eqx.Module):
             raise ValueError(f"scheme must be 'ssprk3' or 'rk4', got {scheme!r}")
         dt = grid.dtype
         for name, value in (("gravity", gravity), ("density", density)):
-            if _is_concrete(value) and not float(value) > 0:
+            if is_concrete(value) and not float(value) > 0:
                 raise ValueError(f"{name} must be > 0, got {value}")
         for name, value in (("drag", drag), ("viscosity", viscosity)):
-            if value is not None and _is_concrete(value) and not float(value) >= 0:
+            if value is not None and is_concrete(value) and not float(value) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         self.grid = grid
         self.gravity = _scalar(gravity, dt)
@@ -171,7 +172,7 @@ class ShallowWater(eqx.Module):
         v = jnp.zeros(g.shape, g.dtype) if v is None else jnp.asarray(v, dtype=g.dtype)
         for name, f in (("h", h), ("u", u), ("v", v)):
             _check_field(name, f, g)
-        if _is_concrete(h):
+        if is_concrete(h):
             hmin = float(jnp.min(h))
             if not hmin > 0:
                 raise ValueError(
@@ -402,7 +403,7 @@ class ShallowWater(eqx.Module):
         """
         save_every = n_steps if save_every is None else save_every
         _check_counts(n_steps, save_every)
-        if _is_concrete(state.h) and not isinstance(dt, jax.core.Tracer):
+        if is_concrete(state.h) and is_concrete(dt):
             self.check_dt(state, float(dt))
         n_frames = n_steps // save_every
         t0_, dt_ = jnp.asarray(t0, self.grid.dtype), jnp.asarray(dt, self.grid.dtype)
@@ -432,10 +433,6 @@ class ShallowWater(eqx.Module):
         arguments go to [`physjax.solvers.integrate_diffrax`][] (``solver``, ``saveat``,
         ``rtol``, ``atol``, ``stepsize_controller``, ``adjoint``, ``dt0``, ``max_steps``)."""
         return integrate_diffrax(self.rhs, state, t0, t1, **kwargs)
-
-
-def _is_concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
 
 
 def _check_field(name: str, f: Array, grid: Grid) -> None:
