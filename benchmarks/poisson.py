@@ -205,6 +205,9 @@ def krylov_rows(sizes, scipy_cg_max):
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes only")
+    parser.add_argument(
+        "--only", choices=("spectral", "krylov"), help="run one of the two tables only"
+    )
     parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "poisson.json"))
     args = parser.parse_args()
     if args.quick:
@@ -224,8 +227,8 @@ def main():
         allocator_tuned=ALLOCATOR_TUNED,
     )
     print(info)
-    spec = spectral_rows(spec_sizes)
-    kry = krylov_rows(kry_sizes, scipy_cg_max=2**16)
+    spec = [] if args.only == "krylov" else spectral_rows(spec_sizes)
+    kry = [] if args.only == "spectral" else krylov_rows(kry_sizes, scipy_cg_max=2**16)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     Path(args.output).write_text(json.dumps(dict(info=info, spectral=spec, krylov=kry), indent=2))
     print(f"wrote {args.output}")

@@ -126,7 +126,7 @@ def spectral_solve_local(
         w = twiddle(a, shape[a])
         z = _c_mul(_c_conj(w), _c_sub(z, _c_times_i(_c_map(_shift_mirror, z, a))))
     x = jnp.fft.irfftn(lax.complex(*z), s=shape)
-    for a in range(d):
+    for a in reversed(range(d)):
         if bc[a] != "periodic":
             x = _unreorder(x, a, negate_odd=bc[a] == "dirichlet")
     return x.astype(dtype)
