@@ -333,6 +333,32 @@ def test_bad_input_errors():
         solve(np.zeros((16, 16)), grid, boundary_values={"x": (1.0, 0.0)})
 
 
+def test_compatibility_checked_alongside_the_spectral_solve():
+    # The spectral path checks the mean in the same compiled call as the solve and raises
+    # before returning anything; boundary fluxes folded into f count.
+    walls = _grid((32, 32), False)
+    rng = np.random.default_rng(11)
+    f = rng.normal(size=walls.shape)
+    f -= f.mean()
+    solver = PoissonSolver(walls, "neumann", "spectral")
+    for call in (solver, solver.solve):
+        with pytest.raises(ValueError, match="f is incompatible"):
+            call(f + 1e-6)
+        with pytest.raises(ValueError, match="f is incompatible"):
+            call(f, {"x": (0.0, 1.0)})
+    # a flux that balances: ∫f = ∮ ∂u/∂n, i.e. mean(f) = (1 - 0) / Lx for unit extent
+    u = solver(f + 1.0, {"x": (0.0, 1.0)})
+    assert float(solver.residual(u, f + 1.0, {"x": (0.0, 1.0)}).std()) <= 1e-10
+    # inside jit (f traced) the check runs in the graph
+    with pytest.raises(Exception, match="f is incompatible"):
+        jax.jit(solver)(jnp.asarray(f + 1e-3)).block_until_ready()
+    # "project": the spectral solve drops the mean without a separate pass, same answer
+    proj = PoissonSolver(walls, "neumann", "spectral", compatibility="project")
+    assert _rel(proj(f + 3.0), solver(f)) <= 1e-12
+    sol = proj.solve(f + 3.0)
+    assert float(sol.residual_norm) <= 1e-12
+
+
 def test_non_convergence_is_reported():
     grid = _grid((64, 64), False)
     f = np.random.default_rng(8).normal(size=grid.shape)

@@ -278,26 +278,36 @@ class PoissonSolver(eqx.Module):
         """``f - A u`` with the boundary values folded into ``f``."""
         return self.rhs(f, boundary_values) - self.operator(u)
 
-    def _compatible(self, f: jax.Array, prechecked: bool = False) -> jax.Array:
+    _INCOMPATIBLE = (
+        "f is incompatible with a periodic/Neumann problem: its mean (including folded "
+        "boundary fluxes) must vanish; subtract it or pass compatibility='project'"
+    )
+
+    @staticmethod
+    def _mean_tolerance(f: jax.Array) -> float:
+        """|mean| allowed, relative to max |f|: round-off of a sum of ``f.size`` terms."""
+        return 100 * float(jnp.finfo(f.dtype).eps) * max(1.0, float(np.log2(f.size)))
+
+    def _raise_if_incompatible(self, mean, scale, f: jax.Array) -> None:
+        # checked in Python on the two fetched numbers (no further device calls)
+        mean, scale = float(mean), float(scale)
+        if abs(mean) > self._mean_tolerance(f) * scale:
+            raise ValueError(f"{self._INCOMPATIBLE} (mean {mean:.3g}, max |f| {scale:.3g})")
+
+    def _compatible(self, f: jax.Array, prechecked: bool = False, project: bool = True):
         if not self.singular:
             return f
         if self.compatibility == "project":
-            return f - jnp.mean(f)
-        if prechecked:  # verified on the concrete input before compiling
+            # The spectral solve sets the zero mode to zero, which is the same projection:
+            # subtracting the mean first would only cost a pass (kept for residuals).
+            return f - jnp.mean(f) if project or self.method != "spectral" else f
+        if prechecked:  # verified on the concrete input (before or alongside the solve)
             return f
         mean, scale = _mean_and_scale(f)
-        rel_tol = 100 * float(jnp.finfo(f.dtype).eps) * max(1.0, float(np.log2(f.size)))
-        msg = (
-            "f is incompatible with a periodic/Neumann problem: its mean (including folded "
-            "boundary fluxes) must vanish; subtract it or pass compatibility='project'"
-        )
         if is_concrete(mean):
-            # checked in Python on the two fetched numbers (no further device calls)
-            mean, scale = float(mean), float(scale)
-            if abs(mean) > rel_tol * scale:
-                raise ValueError(f"{msg} (mean {mean:.3g}, max |f| {scale:.3g})")
+            self._raise_if_incompatible(mean, scale, f)
             return f
-        return eqx.error_if(f, jnp.abs(mean) > rel_tol * scale, msg)
+        return eqx.error_if(f, jnp.abs(mean) > self._mean_tolerance(f) * scale, self._INCOMPATIBLE)
 
     # ------------------------------------------------------------------ solve
     def _solve_local(self, grid: Grid, f, coefficient, coarse_inverse):
@@ -356,11 +366,18 @@ class PoissonSolver(eqx.Module):
             check_vma=False,
         )(f, coefficient, self.coarse_inverse)
 
-    def _precheck(self, f, boundary_values) -> bool:
-        """Configuration-level checks on concrete inputs, before anything is compiled;
-        returns whether the compatibility condition was verified here."""
+    def _precheck(self, f, boundary_values) -> bool | None:
+        """Configuration-level checks on concrete inputs, before anything is compiled.
+
+        Returns whether the compatibility condition was verified here, or ``None`` when it
+        is to be verified alongside the solve: a spectral solve is cheaper than the
+        dispatch and synchronisation of a separate check, so the mean and max |f| come
+        back with the solution (one compiled call) and are checked before it is returned.
+        """
         f = self._check_field(f, "f")
         if self.singular and self.compatibility == "check" and is_concrete(f):
+            if self.method == "spectral":
+                return None
             b = self.rhs(f, boundary_values)
             if is_concrete(b):
                 self._compatible(b)
@@ -379,11 +396,15 @@ class PoissonSolver(eqx.Module):
 
         **Returns:** a [`physjax.solvers.poisson.PoissonSolution`][].
         """
+        f = self._check_field(f, "f")
         prechecked = self._precheck(f, boundary_values)
-        return self._solve_jit(f, boundary_values, prechecked)
+        out, stats = self._solve_jit(f, boundary_values, prechecked)
+        return self._checked(out, stats, f)
 
     def _solve_core(self, f, boundary_values, prechecked, residual: bool):
-        b = self._compatible(self.rhs(f, boundary_values), prechecked)
+        b = self.rhs(f, boundary_values)
+        stats = _mean_and_scale(b) if prechecked is None else None
+        b = self._compatible(b, prechecked is not False, project=residual)
         u, info = self._run(b, self.coefficient)
         if self.method == "spectral":
             if residual:
@@ -400,21 +421,36 @@ class PoissonSolver(eqx.Module):
                 "tolerance, check the coefficient, or pass throw=False and read .converged "
                 "from .solve",
             )
-        return u, info
+        return u, info, stats
 
     @eqx.filter_jit
     def _solve_jit(self, f, boundary_values, prechecked=False):
-        u, info = self._solve_core(f, boundary_values, prechecked, residual=True)
-        return PoissonSolution(u, info.residual_norm, info.iterations, info.converged)
+        u, info, stats = self._solve_core(f, boundary_values, prechecked, residual=True)
+        return PoissonSolution(u, info.residual_norm, info.iterations, info.converged), stats
 
     def __call__(self, f: Field, boundary_values: Mapping[str, Any] | None = None) -> Field:
         """The solution ``u`` of the grid's shape (see [`solve`][] for diagnostics)."""
+        f = self._check_field(f, "f")
         prechecked = self._precheck(f, boundary_values)
-        return self._call_jit(f, boundary_values, prechecked)
+        u, stats = self._call_jit(f, boundary_values, prechecked)
+        return self._checked(u, stats, f)
+
+    def _checked(self, out, stats, f):
+        """``out``, once the mean and max |f| computed alongside the solve pass the check."""
+        if stats is None:
+            return out
+        mean, scale = stats
+        if is_concrete(mean):
+            self._raise_if_incompatible(mean, scale, f)
+            return out
+        # called inside an outer transformation with a concrete f: check in the graph
+        bad = jnp.abs(mean) > self._mean_tolerance(f) * scale
+        return eqx.error_if(out, bad, self._INCOMPATIBLE)
 
     @eqx.filter_jit
     def _call_jit(self, f, boundary_values, prechecked=False):
-        return self._solve_core(f, boundary_values, prechecked, residual=False)[0]
+        u, _, stats = self._solve_core(f, boundary_values, prechecked, residual=False)
+        return u, stats
 
 
 @jax.jit
