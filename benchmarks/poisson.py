@@ -127,7 +127,7 @@ def spectral_rows(sizes):
                 # the spectral path (the zero mode is dropped either way)
                 projecting = PoissonSolver(grid, kind, "spectral", compatibility="project")
                 fns.append(lambda s=projecting, x=fj: s(x).block_until_ready())
-            times = interleaved(*fns)
+            times = interleaved(*fns, min_time=5.0)
             t_px, t_sc = times[:2]
             t_proj = times[2] if len(times) > 2 else None
             err = float(np.max(np.abs(np.asarray(solver(fj)) - scipy_spectral(f, kind, h)())))
