@@ -126,6 +126,9 @@ def spectral_solve_local(
         w = twiddle(a, shape[a])
         z = _c_mul(_c_conj(w), _c_sub(z, _c_times_i(_c_map(_shift_mirror, z, a))))
     x = jnp.fft.irfftn(lax.complex(*z), s=shape)
+    # Last axis first: a gather along the last axis carries a transpose, and when it was the
+    # final step XLA could give the result a column-major layout (plus a copy back) when the
+    # solution is returned inside a tuple, e.g. by eqx.filter_jit (docs/benchmarks.md).
     for a in reversed(range(d)):
         if bc[a] != "periodic":
             x = _unreorder(x, a, negate_odd=bc[a] == "dirichlet")
