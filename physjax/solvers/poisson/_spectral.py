@@ -94,10 +94,13 @@ def spectral_solve_local(
         if bc[a] != "periodic":
             x = _reorder(x, a, negate_odd=bc[a] == "dirichlet")
     spec = jnp.fft.rfftn(x)
-    z = (spec.real, spec.imag)
     for a in paired:
-        w = twiddle(a, shape[a])
-        z = _c_scale(_c_add(_c_mul(w, z), _c_mul(_c_conj(w), _c_map(_flip_mod, z, a))), 0.5)
+        # In complex arithmetic, so that each gathered partner has one consumer: split into
+        # real and imaginary parts, XLA materialised the partners of a 3-D problem's two
+        # paired axes (9 kernels instead of 6, 128³ ~20% slower); 2-D is one pass either way.
+        w = lax.complex(*twiddle(a, shape[a]))
+        spec = 0.5 * (w * spec + jnp.conj(w) * _flip_mod(spec, a))
+    z = (spec.real, spec.imag)
     if bc[last] == "periodic":
         z = _c_scale(z, inverse_sum(lams))
     else:
