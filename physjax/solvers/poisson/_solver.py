@@ -288,11 +288,16 @@ class PoissonSolver(eqx.Module):
         """|mean| allowed, relative to max |f|: round-off of a sum of ``f.size`` terms."""
         return 100 * float(jnp.finfo(f.dtype).eps) * max(1.0, float(np.log2(f.size)))
 
-    def _raise_if_incompatible(self, mean, scale, f: jax.Array) -> None:
-        # checked in Python on the two fetched numbers (no further device calls)
-        mean, scale = float(mean), float(scale)
-        if abs(mean) > self._mean_tolerance(f) * scale:
-            raise ValueError(f"{self._INCOMPATIBLE} (mean {mean:.3g}, max |f| {scale:.3g})")
+    def _require_compatible(self, x, mean, scale, f: jax.Array):
+        """``x``, once ``mean`` and ``scale`` (max |f|) of ``f`` pass the check: raised in
+        Python on the fetched numbers when they are concrete, else through ``eqx.error_if``."""
+        tol = self._mean_tolerance(f)
+        if is_concrete(mean):
+            mean, scale = float(mean), float(scale)
+            if abs(mean) > tol * scale:
+                raise ValueError(f"{self._INCOMPATIBLE} (mean {mean:.3g}, max |f| {scale:.3g})")
+            return x
+        return eqx.error_if(x, jnp.abs(mean) > tol * scale, self._INCOMPATIBLE)
 
     def _compatible(self, f: jax.Array, prechecked: bool = False, project: bool = True):
         if not self.singular:
@@ -303,11 +308,7 @@ class PoissonSolver(eqx.Module):
             return f - jnp.mean(f) if project or self.method != "spectral" else f
         if prechecked:  # verified on the concrete input (before or alongside the solve)
             return f
-        mean, scale = _mean_and_scale(f)
-        if is_concrete(mean):
-            self._raise_if_incompatible(mean, scale, f)
-            return f
-        return eqx.error_if(f, jnp.abs(mean) > self._mean_tolerance(f) * scale, self._INCOMPATIBLE)
+        return self._require_compatible(f, *_mean_and_scale(f), f)
 
     # ------------------------------------------------------------------ solve
     def _solve_local(self, grid: Grid, f, coefficient, coarse_inverse):
@@ -367,14 +368,14 @@ class PoissonSolver(eqx.Module):
         )(f, coefficient, self.coarse_inverse)
 
     def _precheck(self, f, boundary_values) -> bool | None:
-        """Configuration-level checks on concrete inputs, before anything is compiled.
+        """Configuration-level checks on a concrete (already shape-checked) ``f``, before
+        anything is compiled.
 
         Returns whether the compatibility condition was verified here, or ``None`` when it
         is to be verified alongside the solve: a spectral solve is cheaper than the
         dispatch and synchronisation of a separate check, so the mean and max |f| come
         back with the solution (one compiled call) and are checked before it is returned.
         """
-        f = self._check_field(f, "f")
         if self.singular and self.compatibility == "check" and is_concrete(f):
             if self.method == "spectral":
                 return None
@@ -436,16 +437,9 @@ class PoissonSolver(eqx.Module):
         return self._checked(u, stats, f)
 
     def _checked(self, out, stats, f):
-        """``out``, once the mean and max |f| computed alongside the solve pass the check."""
-        if stats is None:
-            return out
-        mean, scale = stats
-        if is_concrete(mean):
-            self._raise_if_incompatible(mean, scale, f)
-            return out
-        # called inside an outer transformation with a concrete f: check in the graph
-        bad = jnp.abs(mean) > self._mean_tolerance(f) * scale
-        return eqx.error_if(out, bad, self._INCOMPATIBLE)
+        """``out``, once the mean and max |f| computed alongside the solve pass the check
+        (in the graph when this call is itself inside a transformation)."""
+        return out if stats is None else self._require_compatible(out, *stats, f)
 
     @eqx.filter_jit
     def _call_jit(self, f, boundary_values, prechecked=False):
