@@ -138,10 +138,6 @@ def spectral_solve_local(
     return x.astype(dtype)
 
 
-def _slice(x, a, start, stop, step=1):
-    return lax.slice_in_dim(x, start, stop, step, a)
-
-
 def _makhoul_order(n: int) -> np.ndarray:
     """Indices ``(0, 2, 4, …, 5, 3, 1)``: Makhoul's reordering of ``n`` points."""
     return np.concatenate([np.arange(0, n, 2), np.arange(n - 1 - n % 2, 0, -2)])
