@@ -28,6 +28,7 @@ from ...grids import (
 )
 from ...parallel import shard_map_fields
 from .._time_stepping import SCHEMES, advance, integrate, integrate_diffrax, scheme
+from ._blocked import auto_strip_rows, blocked_ssprk3_step, strip_aux
 
 Field2D = Float[Array, "ny nx"]
 Boundary = Literal["free-slip", "no-slip"]
@@ -96,6 +97,12 @@ class ShallowWater(eqx.Module):
     - `density`: reference density ρ₀ [kg m⁻³] of the wind-stress term (default 1025).
     - `boundary`: ``"free-slip"`` (default) or ``"no-slip"`` at walls.
     - `scheme`: fixed-step time scheme, ``"ssprk3"`` (default) or ``"rk4"``.
+    - `strip_rows`: cache blocking of the fixed-step SSP-RK3 update on one device: the grid
+      is advanced ``strip_rows`` full rows at a time (each strip read with three rows of
+      overlap), so that a strip's intermediates stay in cache; bit-identical to the
+      unblocked step. ``None`` (default): automatic, on the CPU for fields of 8 MiB or more
+      (e.g. 1024² float64, 2048² float32); ``0``: never; a positive divisor of ``ny``:
+      always (on one device; a run split over a mesh steps each block unblocked).
 
     The model works on one sample; use ``jax.vmap`` for ensembles.
     """
@@ -111,6 +118,7 @@ class ShallowWater(eqx.Module):
     density: Array
     boundary: str = eqx.field(static=True)
     scheme: str = eqx.field(static=True)
+    strip_rows: int | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -126,6 +134,7 @@ class ShallowWater(eqx.Module):
         density: ArrayLike = 1025.0,
         boundary: Boundary = "free-slip",
         scheme: str = "ssprk3",
+        strip_rows: int | None = None,
     ):
         if not isinstance(grid, Grid) or grid.ndim != 2:
             raise TypeError(f"grid must be a 2-D physjax.grids.Grid, got {grid!r}")
@@ -133,6 +142,19 @@ class ShallowWater(eqx.Module):
             raise ValueError(f"boundary must be 'free-slip' or 'no-slip', got {boundary!r}")
         if scheme not in SCHEMES or scheme == "euler":
             raise ValueError(f"scheme must be 'ssprk3' or 'rk4', got {scheme!r}")
+        if strip_rows is not None:
+            if isinstance(strip_rows, bool) or not isinstance(strip_rows, (int, np.integer)):
+                raise ValueError(
+                    f"strip_rows must be None, 0 or a positive integer, got {strip_rows!r}"
+                )
+            strip_rows = int(strip_rows)
+            if strip_rows < 0 or (strip_rows and grid.shape[0] % strip_rows):
+                raise ValueError(
+                    f"strip_rows must be None, 0 or a positive divisor of ny={grid.shape[0]}, "
+                    f"got {strip_rows}"
+                )
+            if strip_rows and scheme != "ssprk3":
+                raise ValueError(f"strip_rows needs scheme='ssprk3', got scheme={scheme!r}")
         dt = grid.dtype
         for name, value in (("gravity", gravity), ("density", density)):
             if is_concrete(value) and not float(value) > 0:
@@ -159,6 +181,7 @@ class ShallowWater(eqx.Module):
         self.wind_stress = wind_stress
         self.boundary = boundary
         self.scheme = scheme
+        self.strip_rows = strip_rows
 
     # ---------------------------------------------------------------- set-up
     def initial_state(
@@ -191,6 +214,16 @@ class ShallowWater(eqx.Module):
         y_mid = g.origin[0] + 0.5 * g.extent[0]
         return self.coriolis + self.beta * (y - y_mid)
 
+    def _coriolis_at_corner_rows(self, rows: Array) -> Array:
+        """f at the corners of global rows ``rows`` (integers), as a column. On a periodic y
+        axis the rows wrap, so that corner row ``ny`` is corner row ``0``: one value of the
+        potential vorticity per corner, as the energy-conserving scheme needs."""
+        g = self.grid
+        if g.periodic[0]:
+            rows = rows % g.shape[0]
+        y = g.origin[0] + (rows.astype(g.dtype) + 0.0) * g.spacing[0]
+        return self.coriolis_at(y)[:, None]
+
     # ----------------------------------------------------------------- physics
     def _tangential_parity(self) -> int:
         return 1 if self.boundary == "free-slip" else -1
@@ -213,7 +246,11 @@ class ShallowWater(eqx.Module):
         return None if self.bottom is None else fill_halo(self.bottom, self.grid, CENTRE)
 
     def _tendency(
-        self, padded: ShallowWaterState, t: ArrayLike, bottom: Array | None
+        self,
+        padded: ShallowWaterState,
+        t: ArrayLike,
+        bottom: Array | None,
+        f_corner: Array | None = None,
     ) -> ShallowWaterState:
         """Interior tendencies from a halo-padded state (halo width 1).
 
@@ -221,7 +258,8 @@ class ShallowWater(eqx.Module):
         is needed on, so that XLA fuses the whole right-hand side into a few loops (see
         docs/benchmarks.md); it is the same arithmetic as the staggered operators in
         [`physjax.grids`][]: ``U = h̄ˣu``, ``V = h̄ʸv``, ``q = (f + ζ)/h̄ˣʸ`` at corners,
-        ``B = g(h + b) + K``.
+        ``B = g(h + b) + K``. ``f_corner`` (rows of corners 0..ny, as a column) replaces the
+        Coriolis parameter computed from the grid's coordinates (a strip knows its rows).
         """
         g = self.grid
         ny, nx = g.local_shape
@@ -250,8 +288,9 @@ class ShallowWater(eqx.Module):
             + win(h, P, 0, ny + 1, -1, nx)
             + win(h, P, -1, ny, -1, nx)
         )
-        y_corner = g.local_coordinates("y", "face", padded=True)[1:, None]
-        q = (self.coriolis_at(y_corner) + zeta) / h_corner
+        if f_corner is None:
+            f_corner = self._coriolis_at_corner_rows(g.local_index(0, padded=True)[1:])
+        q = (f_corner + zeta) / h_corner
         qV = q * 0.5 * (win(V, (0, -1), 0, ny + 1, 0, nx + 1) + win(V, (0, -1), 0, ny + 1, -1, nx))
         qU = q * 0.5 * (win(U, (-1, 0), 0, ny + 1, 0, nx + 1) + win(U, (-1, 0), -1, ny, 0, nx + 1))
         # Bernoulli function at centres -1..ny-1, -1..nx-1.
@@ -311,7 +350,7 @@ class ShallowWater(eqx.Module):
 
     def step(self, state: ShallowWaterState, t: ArrayLike, dt: ArrayLike) -> ShallowWaterState:
         """One step of the fixed-step scheme."""
-        return self._step(state, t, dt, self._padded_bottom())
+        return _stepper(self)(state, t, dt)
 
     # -------------------------------------------------------------- diagnostics
     def mass(self, state: ShallowWaterState) -> Array:
@@ -452,7 +491,24 @@ def _with_grid(model: ShallowWater, grid: Grid) -> ShallowWater:
     return eqx.tree_at(lambda m: m.grid, model, grid)
 
 
+def _strip_rows(model: ShallowWater) -> int:
+    """Rows per strip of the blocked step for this (local) grid, 0 for the plain step."""
+    g = model.grid
+    if model.scheme != "ssprk3" or any(b > 1 for b in g.mesh_shape) or model.strip_rows == 0:
+        return 0
+    if model.strip_rows is not None:
+        return model.strip_rows
+    if jax.default_backend() != "cpu":
+        return 0
+    return auto_strip_rows(g)
+
+
 def _stepper(model: ShallowWater):
+    """``step(y, t, dt)`` of the fixed-step scheme, with what it reads padded once."""
+    m = _strip_rows(model)
+    if m:
+        aux = strip_aux(model)
+        return lambda y, t, dt: blocked_ssprk3_step(model, y, t, dt, aux, m)
     bottom = model._padded_bottom()
     return lambda y, t, dt: model._step(y, t, dt, bottom)
 

@@ -1,0 +1,181 @@
+"""SSP-RK3 step of the shallow-water model advanced one strip of rows at a time.
+
+On the CPU the unblocked step streams every intermediate field (padded copies, potential
+vorticity, tendencies) through main memory once the grid outgrows the cache: about 36
+field-sized passes per stage for 6 of real traffic. Here the grid is cut into strips of
+``m`` full rows. Each strip is read with three extra rows on either side (one per RK stage:
+the stencil has radius one), all three stages are computed on that small block, and only
+the ``m`` final rows are kept. The strips are visited by ``lax.map``, so one strip's
+intermediates are reused from cache by the next strip's kernels instead of being written
+to memory. The arithmetic is the unblocked step's, operation for operation: the result is
+the same to the last bit (tests/test_shallow_water_blocked.py).
+
+Walls across the strips (a channel's north and south walls) are honoured by refilling the
+ghost rows of the first and last strip from the stage state after every stage, exactly as
+``fill_halo`` fills them for the unblocked step; walls along the strips (east/west) and
+periodic axes are handled by the usual one-cell halo of each stage.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ...grids import Grid
+from ...grids._halo import _pad_axis, _wall_ghosts
+
+if TYPE_CHECKING:
+    from ._model import ShallowWater, ShallowWaterState
+
+#: Stages of SSP-RK3 = rows of overlap on either side of a strip.
+OVERLAP = 3
+#: Fields at least this large (bytes) are advanced in strips on the CPU by default.
+AUTO_MIN_FIELD_BYTES = 8 * 2**20
+#: Target size (bytes) of one field of one strip, chosen so that the dozen intermediates
+#: of a stage fit in a few MiB of cache.
+AUTO_STRIP_BYTES = 512 * 2**10
+
+
+def auto_strip_rows(grid: Grid) -> int:
+    """Rows per strip chosen for ``grid`` on the CPU (0: do not block).
+
+    Strips pay off once a field no longer fits in cache (measured on a 2-core x86-64 VM:
+    slower at 512² float64, 1.4-1.6x faster at 1024² and 2048², docs/benchmarks.md).
+    """
+    ny, nx = grid.shape
+    row_bytes = nx * jnp.dtype(grid.dtype).itemsize
+    if ny * row_bytes < AUTO_MIN_FIELD_BYTES:
+        return 0
+    target = max(16, AUTO_STRIP_BYTES // row_bytes)
+    rows = [m for m in range(8, min(target, ny // 2) + 1) if ny % m == 0]
+    return rows[-1] if rows else 0
+
+
+def _exact_extent(spacing: float, n: int) -> float:
+    """An extent whose n-th part is ``spacing`` to the last bit (so that a strip's grid
+    has the parent grid's spacing exactly)."""
+    extent = spacing * n
+    for _ in range(64):
+        if extent / n == spacing:
+            return extent
+        extent = math.nextafter(extent, math.inf if extent / n < spacing else -math.inf)
+    raise AssertionError("no extent reproduces the grid spacing")  # pragma: no cover
+
+
+class StripAux(eqx.Module):
+    """Fields a strip step reads besides the state, padded once per run."""
+
+    f_corner: jax.Array  # f at corner rows -OVERLAP .. ny + OVERLAP, shape (ny + 7, 1)
+    bottom: jax.Array | None  # (ny + 2·OVERLAP, nx + 2): rows padded by OVERLAP, columns by 1
+    wind: tuple[jax.Array, jax.Array] | None  # (ny + 2·OVERLAP, nx) each
+
+
+def strip_aux(model: ShallowWater) -> StripAux:
+    g = model.grid
+    ny = g.shape[0]
+    H = OVERLAP
+    f_corner = model._coriolis_at_corner_rows(jnp.arange(-H, ny + H + 1))
+    bottom = None
+    if model.bottom is not None:
+        bottom = _pad_axis(model.bottom, g, 0, "centre", 1, H)
+        bottom = _pad_axis(bottom, _with_rows(g, ny + 2 * H), 1, "centre", 1, 1)
+    wind = None
+    if model.wind_stress is not None:
+        wind = tuple(_pad_axis(w, g, 0, "centre", 1, H) for w in model.wind_stress)
+    return StripAux(f_corner=f_corner, bottom=bottom, wind=wind)
+
+
+def _with_rows(g: Grid, rows: int, periodic_y: bool | None = None) -> Grid:
+    """A grid of ``rows`` full rows with ``g``'s spacing (periodic along y unless told)."""
+    py = g.periodic[0] if periodic_y is None else periodic_y
+    return Grid(
+        (rows, g.shape[1]),
+        (_exact_extent(g.spacing[0], rows), g.extent[1]),
+        periodic=(py, g.periodic[1]),
+        origin=g.origin,
+        dtype=g.dtype,
+    )
+
+
+def blocked_ssprk3_step(
+    model: ShallowWater, state: ShallowWaterState, t, dt, aux: StripAux, m: int
+) -> ShallowWaterState:
+    """One SSP-RK3 step of ``model`` computed in strips of ``m`` rows (see module doc)."""
+    from ._model import ShallowWaterState
+
+    g = model.grid
+    ny, nx = g.shape
+    K = ny // m
+    H = OVERLAP
+    bc = model._bc()
+    names = ("h", "u", "v")
+    walls_y = not g.periodic[0]
+    # The state with OVERLAP ghost rows above and below (wrapped or mirrored).
+    ext = {k: _pad_axis(getattr(state, k), g, 0, bc[k][0][0], bc[k][1][0], H) for k in names}
+
+    def submodel(rows_out: int):
+        sub = eqx.tree_at(lambda mm: mm.grid, model, _with_rows(g, rows_out, periodic_y=True))
+        return sub
+
+    def tendency(Y: dict, r: int | jax.Array, rows_in: int, s, t_stage):
+        """Tendencies on rows r+1 .. r+rows_in-2 (global) of a stage state ``Y`` whose
+        first row is global row ``r``."""
+        rows_out = rows_in - 2
+        sub = submodel(rows_out)
+        sg = sub.grid
+        padded = {k: _pad_axis(Y[k], sg, 1, bc[k][0][1], bc[k][1][1], 1) for k in names}
+        padded = lax.optimization_barrier(ShallowWaterState(**padded))
+        f_corner = lax.dynamic_slice_in_dim(aux.f_corner, r + 1 + H, rows_out + 1, 0)
+        bottom = None
+        if aux.bottom is not None:
+            bottom = lax.dynamic_slice_in_dim(aux.bottom, r + H, rows_in, 0)
+        if aux.wind is not None:
+            wind = tuple(lax.dynamic_slice_in_dim(w, r + 1 + H, rows_out, 0) for w in aux.wind)
+            sub = eqx.tree_at(lambda mm: mm.wind_stress, sub, wind)
+        k = sub._tendency(padded, t_stage, bottom, f_corner=f_corner)
+        k = {n: getattr(k, n) for n in names}
+        if walls_y:
+            # The normal velocity on the south wall (global face row 0) does not change.
+            rows = r + 1 + jnp.arange(rows_out)[:, None]
+            k["v"] = jnp.where(rows == 0, 0, k["v"])
+        return k
+
+    def refill_walls(Y: dict, w: int, s) -> dict:
+        """Ghost rows beyond the walls (the first ``w`` rows of the first strip, the last
+        ``w`` of the last) from the stage state, as ``fill_halo`` fills them."""
+        if not walls_y:
+            return Y
+        out = {}
+        for k in names:
+            a = Y[k]
+            R = a.shape[0]
+            low, high = _wall_ghosts(a[w : R - w], 0, w, bc[k][0][0], bc[k][1][0])
+            a = a.at[:w].set(jnp.where(s == 0, low, a[:w]))
+            a = a.at[R - w :].set(jnp.where(s == K - 1, high, a[R - w :]))
+            out[k] = a
+        return out
+
+    def rows_of(Y: dict, c: int) -> dict:
+        return {k: a[c : a.shape[0] - c] for k, a in Y.items()}
+
+    def one_strip(s):
+        r0 = s * m - H  # global row of the block's first row
+        Y0 = {k: lax.dynamic_slice_in_dim(ext[k], s * m, m + 2 * H, 0) for k in names}
+        k1 = tendency(Y0, r0, m + 2 * H, s, t)
+        Y1 = {k: dt * k1[k] + a for k, a in rows_of(Y0, 1).items()}
+        Y1 = refill_walls(Y1, H - 1, s)
+        k2 = tendency(Y1, r0 + 1, m + 2 * H - 2, s, t + dt)
+        W = {k: dt * k2[k] + a for k, a in rows_of(Y1, 1).items()}
+        Y2 = {k: a + 0.25 * (W[k] - a) for k, a in rows_of(Y0, 2).items()}
+        Y2 = refill_walls(Y2, H - 2, s)
+        k3 = tendency(Y2, r0 + 2, m + 2 * H - 4, s, t + 0.5 * dt)
+        W = {k: dt * k3[k] + a for k, a in rows_of(Y2, 1).items()}
+        return {k: a + (2 / 3) * (W[k] - a) for k, a in rows_of(Y0, 3).items()}
+
+    out = lax.map(one_strip, jnp.arange(K))
+    return ShallowWaterState(**{k: out[k].reshape(ny, nx) for k in names})
