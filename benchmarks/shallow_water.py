@@ -1,10 +1,12 @@
 """Shallow-water speed: physjax against a plain vectorised NumPy version of the same scheme.
 
-Prints, for each grid size and precision: steps/s and cell-updates/s of physjax and of
-NumPy, the speed-up, the cost per cell-update, the number of XLA fusions per RK3 step, and
-the fraction of the machine's memory bandwidth reached (minimum traffic: the three prognostic
-fields read and written once per stage, 18·N²·itemsize bytes per step). The bandwidth is
-measured here by a STREAM-like in-place add. Writes JSON to benchmarks/results/.
+Prints, for each grid size and precision: steps/s and cell-updates/s of physjax (its default
+step: cache-blocked strips of rows on the CPU for fields of 8 MiB or more) and of NumPy, the
+speed-up, the cost per cell-update, the cost of physjax's plain (unblocked) step timed in
+the same run, the strip height used, the number of XLA fusions per RK3 step of the plain
+step, and the fraction of the machine's memory bandwidth reached (minimum traffic: the three
+prognostic fields read and written once per stage, 18·N²·itemsize bytes per step). The
+bandwidth is measured here by a STREAM-like in-place add. Writes JSON to benchmarks/results/.
 
     python benchmarks/shallow_water.py                       # 256² … 2048², float32 and float64
     python benchmarks/shallow_water.py --sizes 4096 --dtypes float32 --no-numpy   # GPU check
@@ -26,6 +28,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 
+import physjax  # noqa: E402
+
+ALLOCATOR_TUNED = physjax.tune_cpu_allocator()
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
@@ -34,6 +39,7 @@ import sw_numpy  # noqa: E402
 
 from physjax.grids import CENTRE, Grid  # noqa: E402
 from physjax.solvers import ShallowWater  # noqa: E402
+from physjax.solvers.shallow_water._model import _strip_rows  # noqa: E402
 
 G, F0, L, H = 9.81, 1e-4, 4.0e6, 500.0
 
@@ -77,9 +83,9 @@ def bandwidth(gib: float = 1.0) -> dict:
     return {"numpy_GBps": bytes_moved / t_np / 1e9, "jax_GBps": bytes_moved / t_jax / 1e9}
 
 
-def make(n: int, dtype: str):
+def make(n: int, dtype: str, strip_rows: int | None = None):
     grid = Grid((n, n), (L, L), periodic=True, dtype=dtype)
-    model = ShallowWater(grid, gravity=G, coriolis=F0)
+    model = ShallowWater(grid, gravity=G, coriolis=F0, strip_rows=strip_rows)
     y, x = grid.mesh_coordinates(CENTRE)
     h = H + 10 * np.exp(-((x - L / 2) ** 2 + (y - L / 2) ** 2) / (L / 8) ** 2)
     state = model.initial_state(h)
@@ -102,11 +108,23 @@ def count_fusions(model, state, dt) -> int:
     return best
 
 
-def bench_physjax(n, dtype, steps):
+def bench_physjax(n, dtype, steps, repeats=3):
+    """Seconds per step of the default (automatic) and the plain step, interleaved: each of
+    ``repeats`` rounds times both for ≥ 1 s; medians. Also the strip height and fusions."""
     model, state, dt = make(n, dtype)
-    fn = lambda: jax.block_until_ready(model.advance(state, t0=0.0, dt=dt, n_steps=steps))
-    t = _timeit(fn, 1.0) / steps
-    return t, count_fusions(model, state, dt)
+    plain, _, _ = make(n, dtype, strip_rows=0)
+    strips = _strip_rows(model)
+    fns = [
+        lambda m=m: jax.block_until_ready(m.advance(state, t0=0.0, dt=dt, n_steps=steps))
+        for m in ((model, plain) if strips else (model,))
+    ]
+    times = [[] for _ in fns]
+    for _ in range(repeats):
+        for k, fn in enumerate(fns):
+            times[k].append(_timeit(fn, 1.0, repeats=1) / steps)
+    t_auto = float(np.median(times[0]))
+    t_plain = float(np.median(times[-1]))
+    return t_auto, t_plain, strips, count_fusions(plain, state, dt)
 
 
 def bench_numpy(n, dtype, min_steps=2):
@@ -144,14 +162,15 @@ def main(argv=None):
     )
     header = (
         f"{'N':>6} {'dtype':>8} {'physjax s/step':>15} {'Mcell/s':>9} {'ns/cell':>8} "
-        f"{'numpy s/step':>13} {'speed-up':>9} {'fusions':>8} {'%bw':>6}"
+        f"{'numpy s/step':>13} {'speed-up':>9} {'plain ns/cell':>14} {'strip':>6} "
+        f"{'fusions':>8} {'%bw':>6}"
     )
     print(header)
     rows = []
     for dtype in args.dtypes:
         for n in args.sizes:
             steps = max(10, int(4e7 / n**2))
-            t_px, fusions = bench_physjax(n, dtype, steps)
+            t_px, t_plain, strips, fusions = bench_physjax(n, dtype, steps)
             t_np, err = (None, None) if args.no_numpy else bench_numpy(n, dtype)
             itemsize = np.dtype(dtype).itemsize
             frac = 18 * n * n * itemsize / t_px / 1e9 / bw_ref
@@ -163,7 +182,9 @@ def main(argv=None):
                 "ns_per_cell_update": t_px / n**2 * 1e9,
                 "numpy_s_per_step": t_np,
                 "speedup": None if t_np is None else t_np / t_px,
-                "fusions_per_step": fusions,
+                "plain_ns_per_cell_update": t_plain / n**2 * 1e9,
+                "strip_rows": strips,
+                "fusions_per_step_plain": fusions,
                 "bandwidth_fraction": frac,
                 "numpy_max_rel_diff": err,
             }
@@ -172,7 +193,8 @@ def main(argv=None):
             sp_txt = "-" if t_np is None else f"{t_np / t_px:.2f}x"
             print(
                 f"{n:>6} {dtype:>8} {t_px:>15.3e} {n * n / t_px / 1e6:>9.1f} "
-                f"{t_px / n**2 * 1e9:>8.2f} {np_txt:>13} {sp_txt:>9} {fusions:>8} "
+                f"{t_px / n**2 * 1e9:>8.2f} {np_txt:>13} {sp_txt:>9} "
+                f"{t_plain / n**2 * 1e9:>14.2f} {strips or '-':>6} {fusions:>8} "
                 f"{100 * frac:>5.1f}%",
                 flush=True,
             )

@@ -1,0 +1,190 @@
+"""Shallow water advanced in cache-blocked strips of rows: the same result as the plain step
+to the last bit, for every boundary and forcing; the automatic choice; bad input."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from physjax.grids import CENTRE, Grid
+from physjax.parallel import make_mesh
+from physjax.solvers import ShallowWater
+from physjax.solvers.shallow_water import make_case
+from physjax.solvers.shallow_water._blocked import auto_strip_rows
+
+NY, NX = 48, 40
+
+
+def _setup(periodic, dtype="float64", bottom=False, wind=False, seed=1, **kw):
+    g = Grid((NY, NX), (4.8e5, 4.0e5), periodic=periodic, dtype=dtype)
+    rng = np.random.default_rng(seed)
+    y, x = g.mesh_coordinates(CENTRE)
+    h = 1000 + 10 * np.exp(-((x - 2e5) ** 2 + (y - 2.4e5) ** 2) / 5e4**2)
+    h = h + rng.standard_normal((NY, NX))
+    if bottom:
+        kw["bottom"] = 5 * rng.standard_normal((NY, NX))
+    if wind:
+        kw["wind_stress"] = tuple(0.1 * rng.standard_normal((NY, NX)) for _ in range(2))
+    model = ShallowWater(g, strip_rows=0, **kw)
+    state = model.initial_state(
+        h, 0.3 * rng.standard_normal((NY, NX)), 0.3 * rng.standard_normal((NY, NX))
+    )
+    return model, state, 0.5 * model.max_stable_dt(state)
+
+
+FULL = dict(beta=1e-11, viscosity=100.0, drag=1e-6, bottom=True, wind=True)
+
+
+@pytest.mark.parametrize(
+    "periodic, m, kw, check_step",
+    [
+        (True, 16, FULL, True),  # doubly periodic, every term
+        ((False, True), 12, dict(FULL, boundary="no-slip"), True),  # channel: walls across
+        (False, 8, FULL, False),  # closed basin
+        (False, NY, dict(boundary="no-slip", viscosity=50.0), True),  # one strip, both walls
+        pytest.param((False, True), 8, dict(beta=1e-11), False, marks=pytest.mark.slow),
+        pytest.param(
+            (True, False),
+            6,
+            dict(beta=1e-11, viscosity=100.0, bottom=True),
+            False,
+            marks=pytest.mark.slow,
+        ),  # walls along the strips
+        pytest.param(
+            False, 3, dict(boundary="no-slip", viscosity=50.0), False, marks=pytest.mark.slow
+        ),  # smallest strip
+    ],
+)
+def test_strips_equal_plain_step_bit_for_bit(periodic, m, kw, check_step):
+    plain, s, dt = _setup(periodic, **kw)
+    blocked = dataclasses.replace(plain, strip_rows=m)
+    sol_a = plain.run(s, dt=dt, n_steps=30, save_every=10)
+    sol_b = blocked.run(s, dt=dt, n_steps=30, save_every=10)
+    for a, b in zip(jax.tree.leaves(sol_a.states), jax.tree.leaves(sol_b.states)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # the run moved: the comparison is not between two copies of the initial state
+    assert float(jnp.max(jnp.abs(sol_a.states.h[-1] - s.h))) > 1e-3
+    if not check_step:
+        return
+    # A compiled single step too. (Run eagerly, op by op, the plain step has no fused
+    # multiply-adds while the strip loop is always compiled: they then differ in the last bit.)
+    step_a = jax.jit(lambda st: plain.step(st, 0.0, dt))(s)
+    step_b = jax.jit(lambda st: blocked.step(st, 0.0, dt))(s)
+    for a, b in zip(jax.tree.leaves(step_a), jax.tree.leaves(step_b)):
+        if m < NY:
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        else:
+            # One strip: XLA inlines the one-trip loop and fuses it with its surroundings,
+            # which may contract a multiply-add differently (last bit).
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-13, atol=1e-15)
+
+
+def test_strips_float32_and_mass():
+    plain, s, dt = _setup((False, True), dtype="float32", **FULL)
+    blocked = dataclasses.replace(plain, strip_rows=12)
+    a = plain.advance(s, t0=0.0, dt=dt, n_steps=50)
+    b = blocked.advance(s, t0=0.0, dt=dt, n_steps=50)
+    assert b.h.dtype == jnp.float32
+    np.testing.assert_array_equal(np.asarray(a.h), np.asarray(b.h))
+    assert abs(float(blocked.mass(b) / blocked.mass(s)) - 1) <= 2e-7
+
+
+def test_strips_mass_conserved_barotropic_instability():
+    case = make_case("barotropic-instability", nx=64, ny=32, precision="float64")
+    m = dataclasses.replace(case.model, strip_rows=8)
+    s = case.state
+    out = m.advance(s, t0=0.0, dt=m.max_stable_dt(s, 0.5), n_steps=500)
+    assert abs(float((m.mass(out) - m.mass(s)) / m.mass(s))) <= 1e-12
+    assert float(jnp.max(jnp.abs(out.v))) > 1e-3
+
+
+@pytest.mark.slow  # reverse mode through the strip loop inside the step loop: 12 s to compile
+def test_strips_grad_matches_finite_difference():
+    plain, s, dt = _setup((False, True), beta=1e-11, drag=1e-6)
+
+    def loss(r):
+        m = ShallowWater(plain.grid, beta=plain.beta, drag=r, strip_rows=8)
+        out = m.advance(s, t0=0.0, dt=dt, n_steps=4)
+        return jnp.sum(out.u**2 + out.v**2)
+
+    r0, eps = 1e-5, 1e-8
+    g = float(jax.grad(loss)(r0))
+    fd = (float(loss(r0 + eps)) - float(loss(r0 - eps))) / (2 * eps)
+    assert g < 0  # drag removes kinetic energy
+    assert abs(g - fd) / abs(fd) < 1e-6
+
+
+def test_strips_vmap_equals_loop():
+    plain, s, dt = _setup((False, True), beta=1e-11, drag=1e-6)
+    blocked = dataclasses.replace(plain, strip_rows=8)
+    amps = jnp.array([0.5, 1.0, 2.0])
+    states = jax.vmap(lambda a: jax.tree.map(lambda f: f * a, s))(amps)
+    batched = jax.vmap(lambda st: blocked.advance(st, t0=0.0, dt=dt, n_steps=3))(states)
+    for i in range(3):
+        one = plain.advance(jax.tree.map(lambda f, i=i: f[i], states), t0=0.0, dt=dt, n_steps=3)
+        assert float(jnp.max(jnp.abs(one.h - batched.h[i]))) <= 1e-12
+
+
+@pytest.mark.multidevice
+def test_strips_sharded_run_equals_one_device():
+    plain, s, dt = _setup((False, True), **FULL)
+    blocked = dataclasses.replace(plain, strip_rows=8)
+    ref = blocked.run(s, dt=dt, n_steps=20)
+    out = blocked.run(s, dt=dt, n_steps=20, mesh=make_mesh((2, 2)))
+    for a, b in zip(jax.tree.leaves(ref.states), jax.tree.leaves(out.states)):
+        assert float(jnp.max(jnp.abs(a - b))) <= 1e-12
+
+
+def test_periodic_beta_plane_conserves_energy_at_scheme_order():
+    # On a y-periodic beta-plane corner row ny is corner row 0: one potential vorticity per
+    # corner, so the inviscid energy drift falls with dt at the time scheme's order (with f
+    # taken at the unwrapped y of row ny the drift stalled near 5e-8, order ~1.4).
+    g = Grid((32, 32), (2e6, 2e6), periodic=True, dtype="float64")
+    y, x = g.mesh_coordinates(CENTRE)
+    h = 500 + 20 * np.exp(-((x - 1e6) ** 2 + (y - 1.5e6) ** 2) / 2e5**2)
+    model = ShallowWater(g, coriolis=1e-4, beta=5e-11)
+    s = model.initial_state(h)
+    e0 = float(model.energy(s))
+    t_end = 12 * 3600.0
+    dts, drifts = [], []
+    for n in (80, 160, 320, 640):
+        out = model.advance(s, t0=0.0, dt=t_end / n, n_steps=n)
+        drifts.append(abs(float(model.energy(out)) - e0) / e0)
+        dts.append(t_end / n)
+    order = np.polyfit(np.log(dts), np.log(drifts), 1)[0]
+    assert abs(order - 3.0) <= 0.3, (order, drifts)
+    assert drifts[-1] < 1e-8
+
+
+def test_automatic_strip_rows():
+    def grid(n, dtype):
+        return Grid((n, n), (1.0, 1.0), dtype=dtype)
+
+    assert auto_strip_rows(grid(512, "float64")) == 0  # 2 MiB fields: plain step
+    assert auto_strip_rows(grid(1024, "float32")) == 0
+    assert auto_strip_rows(grid(1024, "float64")) == 64  # 512 KiB per strip field
+    assert auto_strip_rows(grid(2048, "float64")) == 32
+    assert auto_strip_rows(grid(2048, "float32")) == 64
+    assert auto_strip_rows(Grid((1031, 1024), (1.0, 1.0), dtype="float64")) == 0  # prime ny
+    m = auto_strip_rows(Grid((1536, 1024), (1.0, 1.0), dtype="float64"))
+    assert m and 1536 % m == 0 and m <= 64
+    model = ShallowWater(grid(1024, "float64"))
+    assert model.strip_rows is None
+
+
+@pytest.mark.parametrize(
+    "strip_rows, scheme, match",
+    [
+        (-1, "ssprk3", "positive divisor of ny=48"),
+        (5, "ssprk3", "positive divisor of ny=48"),
+        (True, "ssprk3", "strip_rows must be None, 0 or a positive integer"),
+        (2.5, "ssprk3", "strip_rows must be None, 0 or a positive integer"),
+        (8, "rk4", "strip_rows needs scheme='ssprk3'"),
+    ],
+)
+def test_bad_strip_rows(strip_rows, scheme, match):
+    g = Grid((NY, NX), (1.0, 1.0))
+    with pytest.raises(ValueError, match=match):
+        ShallowWater(g, strip_rows=strip_rows, scheme=scheme)
