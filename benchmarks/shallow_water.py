@@ -1,7 +1,7 @@
 """Shallow-water speed: physjax against a plain vectorised NumPy version of the same scheme.
 
 Prints, for each grid size and precision: steps/s and cell-updates/s of physjax (its default
-step: cache-blocked strips of rows on the CPU for fields of 8 MiB or more) and of NumPy, the
+step: cache-blocked strips of rows on the CPU for fields of 4 MiB or more) and of NumPy, the
 speed-up, the cost per cell-update, the cost of physjax's plain (unblocked) step timed in
 the same run, the strip height used, the number of XLA fusions per RK3 step of the plain
 step, and the fraction of the machine's memory bandwidth reached (minimum traffic: the three

@@ -163,8 +163,9 @@ def test_automatic_strip_rows():
         return Grid((n, n), (1.0, 1.0), dtype=dtype)
 
     assert auto_strip_rows(grid(512, "float64")) == 0  # 2 MiB fields: plain step
-    assert auto_strip_rows(grid(1024, "float32")) == 0
-    assert auto_strip_rows(grid(1024, "float64")) == 64  # 512 KiB per strip field
+    assert auto_strip_rows(grid(1024, "float32")) == 128  # 4 MiB: 512 KiB per strip field
+    assert auto_strip_rows(grid(768, "float64")) == 64
+    assert auto_strip_rows(grid(1024, "float64")) == 64
     assert auto_strip_rows(grid(2048, "float64")) == 32
     assert auto_strip_rows(grid(2048, "float32")) == 64
     assert auto_strip_rows(Grid((1031, 1024), (1.0, 1.0), dtype="float64")) == 0  # prime ny

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 #: Stages of SSP-RK3 = rows of overlap on either side of a strip.
 OVERLAP = 3
 #: Fields at least this large (bytes) are advanced in strips on the CPU by default.
-AUTO_MIN_FIELD_BYTES = 8 * 2**20
+AUTO_MIN_FIELD_BYTES = 4 * 2**20
 #: Target size (bytes) of one field of one strip, chosen so that the dozen intermediates
 #: of a stage fit in a few MiB of cache.
 AUTO_STRIP_BYTES = 512 * 2**10
@@ -45,7 +45,8 @@ def auto_strip_rows(grid: Grid) -> int:
     """Rows per strip chosen for ``grid`` on the CPU (0: do not block).
 
     Strips pay off once a field no longer fits in cache (measured on a 2-core x86-64 VM:
-    slower at 512² float64, 1.4-1.6x faster at 1024² and 2048², docs/benchmarks.md).
+    slower at 512² float64 (2 MiB), faster from 768² float64 and 1024² float32 (4 MiB) up,
+    docs/benchmarks.md).
     """
     ny, nx = grid.shape
     row_bytes = nx * jnp.dtype(grid.dtype).itemsize

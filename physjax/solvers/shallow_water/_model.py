@@ -99,10 +99,11 @@ class ShallowWater(eqx.Module):
     - `scheme`: fixed-step time scheme, ``"ssprk3"`` (default) or ``"rk4"``.
     - `strip_rows`: cache blocking of the fixed-step SSP-RK3 update on one device: the grid
       is advanced ``strip_rows`` full rows at a time (each strip read with three rows of
-      overlap), so that a strip's intermediates stay in cache; bit-identical to the
-      unblocked step. ``None`` (default): automatic, on the CPU for fields of 8 MiB or more
-      (e.g. 1024² float64, 2048² float32); ``0``: never; a positive divisor of ``ny``:
-      always (on one device; a run split over a mesh steps each block unblocked).
+      overlap), so that a strip's intermediates stay in cache; the same arithmetic as the
+      unblocked step (bit-identical results when both are compiled). ``None`` (default):
+      automatic, on the CPU for fields of 4 MiB or more (e.g. 1024² float32 or float64);
+      ``0``: never; a positive divisor of ``ny``: always (on one device; a run split over a
+      mesh steps each block unblocked).
 
     The model works on one sample; use ``jax.vmap`` for ensembles.
     """
