@@ -178,8 +178,9 @@ def test_automatic_strip_rows():
 @pytest.mark.parametrize(
     "strip_rows, scheme, match",
     [
-        (-1, "ssprk3", "positive divisor of ny=48"),
-        (5, "ssprk3", "positive divisor of ny=48"),
+        (-1, "ssprk3", "divisor of ny=48 that is at least 3"),
+        (5, "ssprk3", "divisor of ny=48 that is at least 3"),
+        (2, "ssprk3", "divisor of ny=48 that is at least 3"),
         (True, "ssprk3", "strip_rows must be None, 0 or a positive integer"),
         (2.5, "ssprk3", "strip_rows must be None, 0 or a positive integer"),
         (8, "rk4", "strip_rows needs scheme='ssprk3'"),

@@ -102,8 +102,8 @@ class ShallowWater(eqx.Module):
       overlap), so that a strip's intermediates stay in cache; the same arithmetic as the
       unblocked step (bit-identical results when both are compiled). ``None`` (default):
       automatic, on the CPU for fields of 4 MiB or more (e.g. 1024² float32 or float64);
-      ``0``: never; a positive divisor of ``ny``: always (on one device; a run split over a
-      mesh steps each block unblocked).
+      ``0``: never; a divisor of ``ny`` of at least 3: always (on one device; a run split
+      over a mesh steps each block unblocked).
 
     The model works on one sample; use ``jax.vmap`` for ensembles.
     """
@@ -149,10 +149,10 @@ class ShallowWater(eqx.Module):
                     f"strip_rows must be None, 0 or a positive integer, got {strip_rows!r}"
                 )
             strip_rows = int(strip_rows)
-            if strip_rows < 0 or (strip_rows and grid.shape[0] % strip_rows):
+            if strip_rows < 0 or (strip_rows and (strip_rows < 3 or grid.shape[0] % strip_rows)):
                 raise ValueError(
-                    f"strip_rows must be None, 0 or a positive divisor of ny={grid.shape[0]}, "
-                    f"got {strip_rows}"
+                    f"strip_rows must be None, 0 or a divisor of ny={grid.shape[0]} that is at "
+                    f"least 3 (the rows of overlap of a strip), got {strip_rows}"
                 )
             if strip_rows and scheme != "ssprk3":
                 raise ValueError(f"strip_rows needs scheme='ssprk3', got scheme={scheme!r}")
