@@ -1,5 +1,7 @@
 """Tests of physjax.solvers.poisson: exactness, convergence orders, multigrid, devices, AD."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -346,6 +348,13 @@ def test_compatibility_checked_alongside_the_spectral_solve():
             call(f + 1e-6)
         with pytest.raises(ValueError, match="f is incompatible"):
             call(f, {"x": (0.0, 1.0)})
+    # the mean is read from the transform's zero mode: the value reported is f's mean
+    for grid, bc in ((walls, "neumann"), (_grid((24, 32), True), "periodic")):
+        g = rng.normal(size=grid.shape) + 0.25
+        with pytest.raises(ValueError, match="f is incompatible") as err:
+            PoissonSolver(grid, bc, "spectral")(g)
+        reported = float(re.search(r"mean (\S+),", str(err.value)).group(1))
+        assert reported == pytest.approx(g.mean(), rel=2.5e-3)  # printed to 3 digits
     # a flux that balances: ∫f = ∮ ∂u/∂n, i.e. mean(f) = (1 - 0) / Lx for unit extent
     u = solver(f + 1.0, {"x": (0.0, 1.0)})
     assert float(solver.residual(u, f + 1.0, {"x": (0.0, 1.0)}).std()) <= 1e-10

@@ -45,8 +45,8 @@ def _inverse_eigenvalues(lams: Sequence[jax.Array], dtype) -> jax.Array:
 
 
 def spectral_solve_local(
-    f: jax.Array, grid: Grid, bc: Sequence[str], continuous: bool = False
-) -> jax.Array:
+    f: jax.Array, grid: Grid, bc: Sequence[str], continuous: bool = False, with_sum: bool = False
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Solve ∇²u = f on one device (homogeneous boundary conditions).
 
     One real FFT over all axes and one inverse, whatever the boundary conditions: each
@@ -59,6 +59,10 @@ def spectral_solve_local(
     [`dst2`][physjax.solvers.poisson._transforms.dst2] /
     [`dct2`][physjax.solvers.poisson._transforms.dct2], with two FFT calls instead of
     one per axis and direction, and no transposes.
+
+    With ``with_sum`` also returns Σ f, read from the zero mode of the forward transform
+    (valid without Dirichlet axes, whose reordering negates points): the compatibility
+    check of a periodic/Neumann problem then needs no reduction of its own for the mean.
     """
     d = grid.ndim
     last = d - 1
@@ -94,6 +98,7 @@ def spectral_solve_local(
         if bc[a] != "periodic":
             x = _reorder(x, a, negate_odd=bc[a] == "dirichlet")
     spec = jnp.fft.rfftn(x)
+    total = jnp.real(spec[(0,) * d])
     for a in paired:
         # In complex arithmetic, so that each gathered partner has one consumer: split into
         # real and imaginary parts, XLA materialised the partners of a 3-D problem's two
@@ -135,6 +140,10 @@ def spectral_solve_local(
     for a in reversed(range(d)):
         if bc[a] != "periodic":
             x = _unreorder(x, a, negate_odd=bc[a] == "dirichlet")
+    if with_sum:
+        if "dirichlet" in bc:
+            raise ValueError("with_sum needs periodic/Neumann axes only")
+        return x.astype(dtype), total.astype(dtype)
     return x.astype(dtype)
 
 
