@@ -119,16 +119,13 @@ def blocked_ssprk3_step(
     # The state with OVERLAP ghost rows above and below (wrapped or mirrored).
     ext = {k: _pad_axis(getattr(state, k), g, 0, bc[k][0][0], bc[k][1][0], H) for k in names}
 
-    def submodel(rows_out: int):
-        sub = eqx.tree_at(lambda mm: mm.grid, model, _with_rows(g, rows_out, periodic_y=True))
-        return sub
-
-    def tendency(Y: dict, r: int | jax.Array, rows_in: int, s, t_stage):
+    def tendency(Y: dict, r: int | jax.Array, rows_in: int, t_stage):
         """Tendencies on rows r+1 .. r+rows_in-2 (global) of a stage state ``Y`` whose
-        first row is global row ``r``."""
+        first row is global row ``r``: the model's own right-hand side on a grid of those
+        rows, periodic along y because the rows above and below are in ``Y``."""
         rows_out = rows_in - 2
-        sub = submodel(rows_out)
-        sg = sub.grid
+        sg = _with_rows(g, rows_out, periodic_y=True)
+        sub = eqx.tree_at(lambda mm: mm.grid, model, sg)
         padded = {k: _pad_axis(Y[k], sg, 1, bc[k][0][1], bc[k][1][1], 1) for k in names}
         padded = lax.optimization_barrier(ShallowWaterState(**padded))
         f_corner = lax.dynamic_slice_in_dim(aux.f_corner, r + 1 + H, rows_out + 1, 0)
@@ -167,14 +164,14 @@ def blocked_ssprk3_step(
     def one_strip(s):
         r0 = s * m - H  # global row of the block's first row
         Y0 = {k: lax.dynamic_slice_in_dim(ext[k], s * m, m + 2 * H, 0) for k in names}
-        k1 = tendency(Y0, r0, m + 2 * H, s, t)
+        k1 = tendency(Y0, r0, m + 2 * H, t)
         Y1 = {k: dt * k1[k] + a for k, a in rows_of(Y0, 1).items()}
         Y1 = refill_walls(Y1, H - 1, s)
-        k2 = tendency(Y1, r0 + 1, m + 2 * H - 2, s, t + dt)
+        k2 = tendency(Y1, r0 + 1, m + 2 * H - 2, t + dt)
         W = {k: dt * k2[k] + a for k, a in rows_of(Y1, 1).items()}
         Y2 = {k: a + 0.25 * (W[k] - a) for k, a in rows_of(Y0, 2).items()}
         Y2 = refill_walls(Y2, H - 2, s)
-        k3 = tendency(Y2, r0 + 2, m + 2 * H - 4, s, t + 0.5 * dt)
+        k3 = tendency(Y2, r0 + 2, m + 2 * H - 4, t + 0.5 * dt)
         W = {k: dt * k3[k] + a for k, a in rows_of(Y2, 1).items()}
         return {k: a + (2 / 3) * (W[k] - a) for k, a in rows_of(Y0, 3).items()}
 
