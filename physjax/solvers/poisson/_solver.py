@@ -398,16 +398,7 @@ class PoissonSolver(eqx.Module):
 
         **Returns:** a [`physjax.solvers.poisson.PoissonSolution`][].
         """
-        # Methods taken from the class: on an instance equinox builds a bound-method
-        # module at every access, which is a noticeable part of a small solve's time.
-        cls = type(self)
-        f = cls._check_field(self, f, "f")
-        prechecked = cls._precheck(self, f, boundary_values)
-        if boundary_values is None:
-            out, stats = _solve_fast(self, f, prechecked)
-        else:
-            out, stats = self._solve_jit(f, boundary_values, prechecked)
-        return cls._checked(self, out, stats, f)
+        return _dispatch(self, f, boundary_values, _solve_fast, PoissonSolver._solve_jit)
 
     def _solve_core(self, f, boundary_values, prechecked, residual: bool):
         b = self.rhs(f, boundary_values)
@@ -453,16 +444,7 @@ class PoissonSolver(eqx.Module):
 
     def __call__(self, f: Field, boundary_values: Mapping[str, Any] | None = None) -> Field:
         """The solution ``u`` of the grid's shape (see [`solve`][] for diagnostics)."""
-        # Methods taken from the class: on an instance equinox builds a bound-method
-        # module at every access, which is a noticeable part of a small solve's time.
-        cls = type(self)
-        f = cls._check_field(self, f, "f")
-        prechecked = cls._precheck(self, f, boundary_values)
-        if boundary_values is None:
-            u, stats = _call_fast(self, f, prechecked)
-        else:
-            u, stats = self._call_jit(f, boundary_values, prechecked)
-        return cls._checked(self, u, stats, f)
+        return _dispatch(self, f, boundary_values, _call_fast, PoissonSolver._call_jit)
 
     def _checked(self, out, stats, f):
         """``out``, once the mean and max |f| computed alongside the solve pass the check
@@ -473,6 +455,23 @@ class PoissonSolver(eqx.Module):
     def _call_jit(self, f, boundary_values, prechecked=False):
         u, _, stats = self._solve_core(f, boundary_values, prechecked, residual=False)
         return u, stats
+
+
+def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general):
+    """Check ``f``, solve by ``fast(solver, f, prechecked)`` (no boundary values) or
+    ``general(solver, f, boundary_values, prechecked)``, and apply the compatibility check.
+
+    A function, with the methods taken from the class: on an instance equinox builds a
+    bound-method module at every attribute access, a noticeable part of a small solve.
+    """
+    cls = type(solver)
+    f = cls._check_field(solver, f, "f")
+    prechecked = cls._precheck(solver, f, boundary_values)
+    if boundary_values is None:
+        out, stats = fast(solver, f, prechecked)
+    else:
+        out, stats = general(solver, f, boundary_values, prechecked)
+    return cls._checked(solver, out, stats, f)
 
 
 # Without boundary values every leaf of the solver is an array, so plain ``jax.jit`` can take
