@@ -7,8 +7,8 @@ field-sized passes per stage for 6 of real traffic. Here the grid is cut into st
 the stencil has radius one), all three stages are computed on that small block, and only
 the ``m`` final rows are kept. The strips are visited by ``lax.map``, so one strip's
 intermediates are reused from cache by the next strip's kernels instead of being written
-to memory. The arithmetic is the unblocked step's, operation for operation: the result is
-the same to the last bit (tests/test_shallow_water_blocked.py).
+to memory. The arithmetic is the unblocked step's, operation for operation: compiled, the
+result is the same to the last bit (tests/test_shallow_water_blocked.py).
 
 Walls across the strips (a channel's north and south walls) are honoured by refilling the
 ghost rows of the first and last strip from the stage state after every stage, exactly as
@@ -92,7 +92,8 @@ def strip_aux(model: ShallowWater) -> StripAux:
 
 
 def _with_rows(g: Grid, rows: int, periodic_y: bool | None = None) -> Grid:
-    """A grid of ``rows`` full rows with ``g``'s spacing (periodic along y unless told)."""
+    """A grid of ``rows`` full rows with ``g``'s spacing and flags (``periodic_y`` overrides
+    the y flag)."""
     py = g.periodic[0] if periodic_y is None else periodic_y
     return Grid(
         (rows, g.shape[1]),
