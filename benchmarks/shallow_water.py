@@ -39,6 +39,10 @@ import sw_numpy  # noqa: E402
 
 from physjax.grids import CENTRE, Grid  # noqa: E402
 from physjax.solvers import ShallowWater  # noqa: E402
+from physjax.solvers.shallow_water._blocked import (  # noqa: E402
+    auto_strip_rows,
+    last_level_cache_bytes,
+)
 from physjax.solvers.shallow_water._model import _strip_rows  # noqa: E402
 
 G, F0, L, H = 9.81, 1e-4, 4.0e6, 500.0
@@ -109,22 +113,32 @@ def count_fusions(model, state, dt) -> int:
 
 
 def bench_physjax(n, dtype, steps, repeats=3):
-    """Seconds per step of the default (automatic) and the plain step, interleaved: each of
-    ``repeats`` rounds times both for ≥ 1 s; medians. Also the strip height and fusions."""
+    """Seconds per step of the plain and the strip-blocked step, interleaved: each of
+    ``repeats`` rounds times both for ≥ 1 s; medians. On the CPU the strips are those the
+    automatic choice takes once it blocks (``auto_strip_rows`` with no cache), whether or
+    not it blocks on this machine; the default (automatic) step is one of the two. Also the
+    fusions of the plain step."""
     model, state, dt = make(n, dtype)
-    plain, _, _ = make(n, dtype, strip_rows=0)
-    strips = _strip_rows(model)
-    fns = [
-        lambda m=m: jax.block_until_ready(m.advance(state, t0=0.0, dt=dt, n_steps=steps))
-        for m in ((model, plain) if strips else (model,))
-    ]
-    times = [[] for _ in fns]
+    auto = _strip_rows(model)
+    candidates = {"plain": 0}
+    if jax.default_backend() == "cpu":
+        blocked = auto or auto_strip_rows(model.grid, cache_bytes=0)
+        if blocked:
+            candidates["blocked"] = blocked
+    fns = {}
+    for name, m in candidates.items():
+        mdl, _, _ = make(n, dtype, strip_rows=m)
+        fns[name] = lambda mdl=mdl: jax.block_until_ready(
+            mdl.advance(state, t0=0.0, dt=dt, n_steps=steps)
+        )
+    times = {name: [] for name in fns}
     for _ in range(repeats):
-        for k, fn in enumerate(fns):
-            times[k].append(_timeit(fn, 1.0, repeats=1) / steps)
-    t_auto = float(np.median(times[0]))
-    t_plain = float(np.median(times[-1]))
-    return t_auto, t_plain, strips, count_fusions(plain, state, dt)
+        for name, fn in fns.items():
+            times[name].append(_timeit(fn, 1.0, repeats=1) / steps)
+    t = {name: float(np.median(v)) for name, v in times.items()}
+    t_default = t["blocked" if auto else "plain"]
+    plain = make(n, dtype, strip_rows=0)[0]
+    return t_default, t, auto, candidates.get("blocked", 0), count_fusions(plain, state, dt)
 
 
 def bench_numpy(n, dtype, min_steps=2):
@@ -144,6 +158,17 @@ def bench_numpy(n, dtype, min_steps=2):
     return _timeit(run, 1.0, repeats=min_steps), err
 
 
+def _cpu_model() -> str | None:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or None
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048])
@@ -156,21 +181,25 @@ def main(argv=None):
     bw = bandwidth(0.5 if device.platform == "cpu" else 2.0)
     bw_ref = max(bw.values())
     print(f"device: {device.device_kind} ({device.platform}), {os.cpu_count()} CPU cores")
+    llc = last_level_cache_bytes()
+    print(f"last-level cache: {'unknown' if llc is None else f'{llc / 2**20:.0f} MiB'}")
     print(
         f"memory bandwidth (in-place add): numpy {bw['numpy_GBps']:.1f} GB/s, "
         f"jax {bw['jax_GBps']:.1f} GB/s"
     )
     header = (
         f"{'N':>6} {'dtype':>8} {'physjax s/step':>15} {'Mcell/s':>9} {'ns/cell':>8} "
-        f"{'numpy s/step':>13} {'speed-up':>9} {'plain ns/cell':>14} {'strip':>6} "
-        f"{'fusions':>8} {'%bw':>6}"
+        f"{'numpy s/step':>13} {'speed-up':>9} {'plain ns/cell':>14} {'strips ns/cell':>15} "
+        f"{'rows':>5} {'default':>8} {'fusions':>8} {'%bw':>6}"
     )
     print(header)
     rows = []
     for dtype in args.dtypes:
         for n in args.sizes:
             steps = max(10, int(4e7 / n**2))
-            t_px, t_plain, strips, fusions = bench_physjax(n, dtype, steps)
+            t_px, t_both, auto, strips, fusions = bench_physjax(n, dtype, steps)
+            t_plain = t_both["plain"]
+            t_strips = t_both.get("blocked")
             t_np, err = (None, None) if args.no_numpy else bench_numpy(n, dtype)
             itemsize = np.dtype(dtype).itemsize
             frac = 18 * n * n * itemsize / t_px / 1e9 / bw_ref
@@ -183,7 +212,9 @@ def main(argv=None):
                 "numpy_s_per_step": t_np,
                 "speedup": None if t_np is None else t_np / t_px,
                 "plain_ns_per_cell_update": t_plain / n**2 * 1e9,
+                "strips_ns_per_cell_update": None if t_strips is None else t_strips / n**2 * 1e9,
                 "strip_rows": strips,
+                "default": "strips" if auto else "plain",
                 "fusions_per_step_plain": fusions,
                 "bandwidth_fraction": frac,
                 "numpy_max_rel_diff": err,
@@ -194,7 +225,9 @@ def main(argv=None):
             print(
                 f"{n:>6} {dtype:>8} {t_px:>15.3e} {n * n / t_px / 1e6:>9.1f} "
                 f"{t_px / n**2 * 1e9:>8.2f} {np_txt:>13} {sp_txt:>9} "
-                f"{t_plain / n**2 * 1e9:>14.2f} {strips or '-':>6} {fusions:>8} "
+                f"{t_plain / n**2 * 1e9:>14.2f} "
+                f"{'-' if t_strips is None else f'{t_strips / n**2 * 1e9:.2f}':>15} "
+                f"{strips or '-':>5} {'strips' if auto else 'plain':>8} {fusions:>8} "
                 f"{100 * frac:>5.1f}%",
                 flush=True,
             )
@@ -206,6 +239,8 @@ def main(argv=None):
                 "platform": device.platform,
                 "machine": platform.machine(),
                 "cpu_count": os.cpu_count(),
+                "cpu_model": _cpu_model(),
+                "last_level_cache_bytes": llc,
                 "bandwidth": bw,
                 "rows": rows,
             },

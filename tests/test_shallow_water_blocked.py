@@ -162,17 +162,56 @@ def test_automatic_strip_rows():
     def grid(n, dtype):
         return Grid((n, n), (1.0, 1.0), dtype=dtype)
 
-    assert auto_strip_rows(grid(512, "float64")) == 0  # 2 MiB fields: plain step
-    assert auto_strip_rows(grid(1024, "float32")) == 128  # 4 MiB: 512 KiB per strip field
-    assert auto_strip_rows(grid(768, "float64")) == 64
-    assert auto_strip_rows(grid(1024, "float64")) == 64
-    assert auto_strip_rows(grid(2048, "float64")) == 32
-    assert auto_strip_rows(grid(2048, "float32")) == 64
-    assert auto_strip_rows(Grid((1031, 1024), (1.0, 1.0), dtype="float64")) == 0  # prime ny
-    m = auto_strip_rows(Grid((1536, 1024), (1.0, 1.0), dtype="float64"))
-    assert m and 1536 % m == 0 and m <= 64
+    def auto(g, cache):
+        return auto_strip_rows(g, cache_bytes=cache)
+
+    for cache in (None, 32 * 2**20):  # cache size unknown, or a 32 MiB L3
+        assert auto(grid(512, "float64"), cache) == 0  # 2 MiB fields: plain step
+        assert auto(grid(1024, "float32"), cache) == 128  # 4 MiB: 512 KiB per strip field
+        assert auto(grid(768, "float64"), cache) == 64
+        assert auto(grid(1024, "float64"), cache) == 64
+        assert auto(grid(2048, "float64"), cache) == 32
+        assert auto(grid(2048, "float32"), cache) == 64
+        assert auto(Grid((1031, 1024), (1.0, 1.0), dtype="float64"), cache) == 0  # prime ny
+        m = auto(Grid((1536, 1024), (1.0, 1.0), dtype="float64"), cache)
+        assert m and 1536 % m == 0 and m <= 64
+    # 300 MiB of L3: the plain step's 13 fields fit up to 1024² float64 and 2048² float32
+    big = 300 * 2**20
+    assert auto(grid(1024, "float64"), big) == 0
+    assert auto(grid(2048, "float32"), big) == 0
+    assert auto(grid(2048, "float64"), big) == 32
+    # a 1 MiB cache: 256² float64 (0.5 MiB fields) already blocks, in two strips
+    assert auto(grid(256, "float64"), 2**20) == 128
     model = ShallowWater(grid(1024, "float64"))
     assert model.strip_rows is None
+
+
+def test_last_level_cache_from_sysfs(tmp_path, monkeypatch):
+    """The largest data/unified cache of the highest level is the one read."""
+    from physjax.solvers.shallow_water import _blocked
+
+    caches = [(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "2048K")]
+    caches.append((3, "Unified", "307200K"))
+    for i, (level, kind, size) in enumerate(caches):
+        d = tmp_path / f"index{i}"
+        d.mkdir()
+        (d / "level").write_text(f"{level}\n")
+        (d / "type").write_text(f"{kind}\n")
+        (d / "size").write_text(f"{size}\n")
+    monkeypatch.setattr(_blocked, "CACHE_SYSFS", str(tmp_path))
+    _blocked.last_level_cache_bytes.cache_clear()
+    try:
+        assert _blocked.last_level_cache_bytes() == 300 * 2**20
+        (tmp_path / "index3" / "size").write_text("garbage\n")
+        _blocked.last_level_cache_bytes.cache_clear()
+        assert _blocked.last_level_cache_bytes() == 2 * 2**20  # unreadable entry skipped
+        monkeypatch.setattr(_blocked, "CACHE_SYSFS", str(tmp_path / "missing"))
+        _blocked.last_level_cache_bytes.cache_clear()
+        assert _blocked.last_level_cache_bytes() is None
+        # unknown cache: from 4 MiB fields up
+        assert _blocked.auto_strip_rows(Grid((1024, 1024), (1.0, 1.0), dtype="float64")) == 64
+    finally:
+        _blocked.last_level_cache_bytes.cache_clear()
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ vorticity, tendencies) through main memory once the grid outgrows the cache: abo
 field-sized passes per stage for 6 of real traffic. Here the grid is cut into strips of
 ``m`` full rows. Each strip is read with three extra rows on either side (one per RK stage:
 the stencil has radius one), all three stages are computed on that small block, and only
-the ``m`` final rows are kept. The strips are visited by ``lax.map``, so one strip's
+the ``m`` final rows are kept. The strips are visited by ``lax.fori_loop``, so one strip's
 intermediates are reused from cache by the next strip's kernels instead of being written
 to memory. The arithmetic is the unblocked step's, operation for operation: compiled, the
 result is the same to the last bit (tests/test_shallow_water_blocked.py).
@@ -18,7 +18,10 @@ periodic axes are handled by the usual one-cell halo of each stage.
 
 from __future__ import annotations
 
+import functools
+import glob
 import math
+import os
 from typing import TYPE_CHECKING
 
 import equinox as eqx
@@ -34,23 +37,66 @@ if TYPE_CHECKING:
 
 #: Stages of SSP-RK3 = rows of overlap on either side of a strip.
 OVERLAP = 3
-#: Fields at least this large (bytes) are advanced in strips on the CPU by default.
+#: Fields at least this large (bytes) are advanced in strips on the CPU by default when the
+#: size of the last-level cache cannot be read.
 AUTO_MIN_FIELD_BYTES = 4 * 2**20
+#: Field-sized buffers the plain step keeps live (3 in, 3 out, 7 temporaries: XLA's memory
+#: analysis of a compiled step). Strips pay off once these no longer fit in the last-level
+#: cache.
+PLAIN_WORKING_SET_FIELDS = 13
 #: Target size (bytes) of one field of one strip, chosen so that the dozen intermediates
 #: of a stage fit in a few MiB of cache.
 AUTO_STRIP_BYTES = 512 * 2**10
 
 
-def auto_strip_rows(grid: Grid) -> int:
+#: Where Linux describes the first CPU's caches.
+CACHE_SYSFS = "/sys/devices/system/cpu/cpu0/cache"
+
+
+@functools.cache
+def last_level_cache_bytes() -> int | None:
+    """Size of the CPU's last-level data cache, read from Linux's sysfs (None elsewhere)."""
+    best = (0, None)
+    for index in glob.glob(os.path.join(CACHE_SYSFS, "index*")):
+        try:
+            with open(os.path.join(index, "type")) as fh:
+                kind = fh.read().strip()
+            with open(os.path.join(index, "level")) as fh:
+                level = int(fh.read())
+            with open(os.path.join(index, "size")) as fh:
+                text = fh.read().strip()
+        except (OSError, ValueError):
+            continue
+        if kind not in ("Unified", "Data"):
+            continue
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:].upper(), 1)
+        try:
+            size = int(text.rstrip("KMGkmg")) * scale
+        except ValueError:
+            continue
+        best = max(best, (level, size))
+    return best[1]
+
+
+def auto_strip_rows(grid: Grid, cache_bytes: int | None | str = "detect") -> int:
     """Rows per strip chosen for ``grid`` on the CPU (0: do not block).
 
-    Strips pay off once a field no longer fits in cache (measured on a 2-core x86-64 VM:
-    slower at 512² float64 (2 MiB), faster from 768² float64 and 1024² float32 (4 MiB) up,
-    docs/benchmarks.md).
+    Strips pay off once the plain step's working set (``PLAIN_WORKING_SET_FIELDS`` fields)
+    outgrows the last-level cache of ``cache_bytes`` (default: read from the machine; if it
+    cannot be read, from fields of ``AUTO_MIN_FIELD_BYTES`` up). Measured: on a 2-core VM
+    with 32 MiB of L3 or less, slower at 512² float64 (2 MiB fields), faster from 768²
+    float64 and 1024² float32 up; on a 2-core VM with 300 MiB of L3, slower up to 1024²
+    float64 and 2048² float32, faster at 2048² float64 (docs/benchmarks.md).
     """
+    if cache_bytes == "detect":
+        cache_bytes = last_level_cache_bytes()
     ny, nx = grid.shape
     row_bytes = nx * jnp.dtype(grid.dtype).itemsize
-    if ny * row_bytes < AUTO_MIN_FIELD_BYTES:
+    field = ny * row_bytes
+    if cache_bytes is None:
+        if field < AUTO_MIN_FIELD_BYTES:
+            return 0
+    elif PLAIN_WORKING_SET_FIELDS * field <= cache_bytes:
         return 0
     target = max(16, AUTO_STRIP_BYTES // row_bytes)
     rows = [m for m in range(8, min(target, ny // 2) + 1) if ny % m == 0]
@@ -176,5 +222,12 @@ def blocked_ssprk3_step(
         W = {k: dt * k3[k] + a for k, a in rows_of(Y2, 1).items()}
         return {k: a + (2 / 3) * (W[k] - a) for k, a in rows_of(Y0, 3).items()}
 
-    out = lax.map(one_strip, jnp.arange(K))
-    return ShallowWaterState(**{k: out[k].reshape(ny, nx) for k in names})
+    def body(s, out):
+        new = one_strip(s)
+        return {k: lax.dynamic_update_slice_in_dim(out[k], new[k], s * m, 0) for k in names}
+
+    # The strips are written into the state's own buffers, which nothing reads once ``ext``
+    # is built, so XLA updates them in place: no zero-filled output stack and no copy of
+    # it back into the state's shape (six field-sized passes per step with ``lax.map``).
+    out = lax.fori_loop(0, K, body, {k: getattr(state, k) for k in names})
+    return ShallowWaterState(**out)
