@@ -164,7 +164,13 @@ def blocked_ssprk3_step(
     names = ("h", "u", "v")
     walls_y = not g.periodic[0]
     # The state with OVERLAP ghost rows above and below (wrapped or mirrored).
-    ext = {k: _pad_axis(getattr(state, k), g, 0, bc[k][0][0], bc[k][1][0], H) for k in names}
+    fields = {k: getattr(state, k) for k in names}
+    # The rows a strip reads beyond the grid's first and last row: ghost rows beyond the
+    # walls as ``fill_halo`` fills them, or (periodic) the other end's original rows.
+    if walls_y:
+        edges = {k: _wall_ghosts(a, 0, H, bc[k][0][0], bc[k][1][0]) for k, a in fields.items()}
+    else:
+        edges = {k: (a[ny - H :], a[:H]) for k, a in fields.items()}
 
     def tendency(Y: dict, r: int | jax.Array, rows_in: int, t_stage):
         """Tendencies on rows r+1 .. r+rows_in-2 (global) of a stage state ``Y`` whose
@@ -208,9 +214,18 @@ def blocked_ssprk3_step(
     def rows_of(Y: dict, c: int) -> dict:
         return {k: a[c : a.shape[0] - c] for k, a in Y.items()}
 
-    def one_strip(s):
+    def one_strip(s, state, tails):
+        """Strip ``s`` advanced one step, from the state in which strips ``< s`` are already
+        advanced; ``tails`` holds the original last OVERLAP rows of strip ``s - 1``."""
         r0 = s * m - H  # global row of the block's first row
-        Y0 = {k: lax.dynamic_slice_in_dim(ext[k], s * m, m + 2 * H, 0) for k in names}
+        rows = jnp.minimum(s * m + jnp.arange(m + H), ny - 1)
+        Y0 = {}
+        for k in names:
+            low, high = edges[k]
+            head = jnp.where(s == 0, low, tails[k])
+            body = jnp.take(state[k], rows, axis=0, mode="clip")
+            body = body.at[m:].set(jnp.where(s == K - 1, high, body[m:]))
+            Y0[k] = jnp.concatenate([head, body], axis=0)
         k1 = tendency(Y0, r0, m + 2 * H, t)
         Y1 = {k: dt * k1[k] + a for k, a in rows_of(Y0, 1).items()}
         Y1 = refill_walls(Y1, H - 1, s)
@@ -220,14 +235,18 @@ def blocked_ssprk3_step(
         Y2 = refill_walls(Y2, H - 2, s)
         k3 = tendency(Y2, r0 + 2, m + 2 * H - 4, t + 0.5 * dt)
         W = {k: dt * k3[k] + a for k, a in rows_of(Y2, 1).items()}
-        return {k: a + (2 / 3) * (W[k] - a) for k, a in rows_of(Y0, 3).items()}
+        new = {k: a + (2 / 3) * (W[k] - a) for k, a in rows_of(Y0, 3).items()}
+        return new, {k: Y0[k][m : m + H] for k in names}
 
-    def body(s, out):
-        new = one_strip(s)
-        return {k: lax.dynamic_update_slice_in_dim(out[k], new[k], s * m, 0) for k in names}
+    def body(s, carry):
+        state, tails = carry
+        new, tails = one_strip(s, state, tails)
+        state = {k: lax.dynamic_update_slice_in_dim(state[k], new[k], s * m, 0) for k in names}
+        return state, tails
 
-    # The strips are written into the state's own buffers, which nothing reads once ``ext``
-    # is built, so XLA updates them in place: no zero-filled output stack and no copy of
-    # it back into the state's shape (six field-sized passes per step with ``lax.map``).
-    out = lax.fori_loop(0, K, body, {k: getattr(state, k) for k in names})
+    # The strips are written into the state's own buffers (XLA updates them in place: no
+    # padded copy of the state, no output stack); the few original rows that a later strip
+    # still reads are carried along.
+    tails0 = {k: jnp.zeros_like(fields[k][:H]) for k in names}
+    out, _ = lax.fori_loop(0, K, body, (fields, tails0))
     return ShallowWaterState(**out)
