@@ -163,7 +163,6 @@ def blocked_ssprk3_step(
     bc = model._bc()
     names = ("h", "u", "v")
     walls_y = not g.periodic[0]
-    # The state with OVERLAP ghost rows above and below (wrapped or mirrored).
     fields = {k: getattr(state, k) for k in names}
     # The rows a strip reads beyond the grid's first and last row: ghost rows beyond the
     # walls as ``fill_halo`` fills them, or (periodic) the other end's original rows.
