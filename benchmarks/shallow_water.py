@@ -125,20 +125,21 @@ def bench_physjax(n, dtype, steps, repeats=3):
         blocked = auto or auto_strip_rows(model.grid, cache_bytes=0)
         if blocked:
             candidates["blocked"] = blocked
-    fns = {}
-    for name, m in candidates.items():
-        mdl, _, _ = make(n, dtype, strip_rows=m)
-        fns[name] = lambda mdl=mdl: jax.block_until_ready(
+    models = {name: make(n, dtype, strip_rows=m)[0] for name, m in candidates.items()}
+    fns = {
+        name: lambda mdl=mdl: jax.block_until_ready(
             mdl.advance(state, t0=0.0, dt=dt, n_steps=steps)
         )
+        for name, mdl in models.items()
+    }
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
             times[name].append(_timeit(fn, 1.0, repeats=1) / steps)
     t = {name: float(np.median(v)) for name, v in times.items()}
     t_default = t["blocked" if auto else "plain"]
-    plain = make(n, dtype, strip_rows=0)[0]
-    return t_default, t, auto, candidates.get("blocked", 0), count_fusions(plain, state, dt)
+    fusions = count_fusions(models["plain"], state, dt)
+    return t_default, t, auto, candidates.get("blocked", 0), fusions
 
 
 def bench_numpy(n, dtype, min_steps=2):
