@@ -1,13 +1,64 @@
-"""``physjax poisson``: solve a manufactured or user-supplied Poisson problem to NetCDF4."""
+"""``physjax poisson``: solve a manufactured or user-supplied Poisson problem to NetCDF4.
+
+Every setting is checked, the input fields read and the output paths tested before anything
+is compiled or written. The right-hand side (and a coefficient) can come from any
+NetCDF4/HDF5 variable — a physjax output file included, whose last frame is taken — and the
+grid's shape, spacing and position are then those of the variable's coordinates.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import sys
+import time
+from typing import Any
 
 import numpy as np
 
 CASES = ("periodic-sines", "dirichlet", "neumann", "variable-coefficient")
+BCS = ("periodic", "dirichlet", "neumann")
+METHODS = ("spectral", "multigrid", "cg")
+#: Boundary conditions each manufactured case is built for (its exact solution satisfies them).
+CASE_BC = {
+    "periodic-sines": "periodic",
+    "dirichlet": "dirichlet",
+    "neumann": "neumann",
+    "variable-coefficient": "dirichlet",
+}
+#: Settings of ``physjax poisson`` (also the keys allowed in its ``--config`` file).
+POISSON_KEYS = (
+    "case",
+    "rhs",
+    "coefficient",
+    "frame",
+    "bc",
+    "method",
+    "nx",
+    "ny",
+    "nz",
+    "n",
+    "lx",
+    "ly",
+    "lz",
+    "rtol",
+    "max_iterations",
+    "compatibility",
+    "precision",
+    "devices",
+    "output",
+    "plot",
+)
+DEFAULTS = dict(
+    case="periodic-sines",
+    n=64,
+    precision="float64",
+    devices=1,
+    output="poisson.h5",
+    compatibility="project",
+    max_iterations=100,
+)
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -17,110 +68,447 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p = subparsers.add_parser(
         "poisson",
         help="solve a Poisson / elliptic problem",
-        description="Solve ∇·(a∇u) = f on a unit box; write u and the residual to NetCDF4.",
+        description=(
+            "Solve ∇·(a∇u) = f (a = 1 unless a coefficient is given) for cell-centred u on a "
+            "2-D or 3-D box; write u, f and the residual f − Au to NetCDF4. Settings on the "
+            "command line override --config, which overrides the defaults."
+        ),
     )
-    p.add_argument("--case", choices=CASES, default="periodic-sines")
-    p.add_argument("--rhs", help="user right-hand side FILE.h5:VARIABLE (overrides the case's f)")
-    p.add_argument("--bc", help="per-axis conditions in grid order, e.g. dirichlet,periodic")
-    p.add_argument("--method", choices=("spectral", "multigrid", "cg"), default=None)
-    p.add_argument("--nx", type=int)
-    p.add_argument("--ny", type=int)
-    p.add_argument("--nz", type=int, help="cells in z (3-D run)")
-    p.add_argument("--n", type=int, help="cells per axis")
-    p.add_argument("--precision", choices=("float32", "float64"), default="float64")
-    p.add_argument("--devices", type=_parse_devices, default=1)
-    p.add_argument("--output", default="poisson.h5")
-    p.add_argument("--plot", help="quick-look PNG")
+    p.add_argument(
+        "--case",
+        choices=CASES,
+        help="manufactured problem (default periodic-sines); with --rhs it only sets the "
+        "default boundary conditions",
+    )
+    p.add_argument(
+        "--rhs",
+        metavar="FILE:VARIABLE",
+        help="right-hand side f from a NetCDF4/HDF5 variable (2-D or 3-D, optionally with a "
+        "leading time dimension); the grid takes its shape and coordinates",
+    )
+    p.add_argument(
+        "--coefficient",
+        metavar="FILE:VARIABLE",
+        help="coefficient a > 0 of ∇·(a∇u) from a NetCDF4/HDF5 variable of the grid's shape",
+    )
+    p.add_argument(
+        "--frame",
+        type=int,
+        help="frame of a time-dependent --rhs/--coefficient variable (default: the last)",
+    )
+    p.add_argument(
+        "--bc",
+        help="boundary conditions periodic, dirichlet or neumann: one for every axis, or one "
+        "per axis in grid order (z,)y,x, e.g. dirichlet,periodic (default: the case's)",
+    )
+    p.add_argument(
+        "--method",
+        choices=METHODS,
+        help="spectral (exact, constant coefficient; default), multigrid, or cg "
+        "(multigrid-preconditioned; default with a coefficient)",
+    )
+    p.add_argument("--nx", type=int, help="cells in x")
+    p.add_argument("--ny", type=int, help="cells in y")
+    p.add_argument("--nz", type=int, help="cells in z (makes the problem 3-D)")
+    p.add_argument("--n", type=int, help="cells in x and y (default 64)")
+    p.add_argument("--lx", type=float, help="domain length in x [m] (default 1, or from --rhs)")
+    p.add_argument("--ly", type=float, help="domain length in y [m] (default 1, or from --rhs)")
+    p.add_argument("--lz", type=float, help="domain length in z [m] (default 1, or from --rhs)")
+    p.add_argument(
+        "--rtol",
+        type=float,
+        help="relative residual to reach (multigrid/cg; default 1e-10 in float64, 1e-5 in float32)",
+    )
+    p.add_argument(
+        "--max-iterations",
+        dest="max_iterations",
+        type=int,
+        help="cycles or CG iterations before giving up (default 100)",
+    )
+    p.add_argument(
+        "--compatibility",
+        choices=("project", "check"),
+        help="periodic/Neumann problems need a zero-mean f: 'project' (default) removes the "
+        "mean and reports it, 'check' refuses such an f",
+    )
+    p.add_argument("--precision", choices=("float32", "float64"), help="default float64")
+    p.add_argument(
+        "--devices",
+        type=_parse_devices,
+        help="devices to split the grid over: a count (4) or a layout (2x2)",
+    )
+    p.add_argument("--output", help="NetCDF4/HDF5 output file (default poisson.h5)")
+    p.add_argument("--plot", help="quick-look PNG of u, the residual and the error")
+    p.add_argument("--config", help="TOML file of these settings (keys as the long options)")
+    p.add_argument("--quiet", action="store_true", help="no status line before the solve")
     p.set_defaults(func=run)
     return p
 
 
-def _manufactured(case, grid):
-    xs = grid.mesh_coordinates(("centre",) * grid.ndim)
-    pi = np.pi
-    if case == "periodic-sines":
-        u = np.prod([np.sin(2 * pi * x) for x in xs], axis=0)
-        return u, -grid.ndim * (2 * pi) ** 2 * u, None
-    if case in ("dirichlet", "variable-coefficient"):
-        u = np.prod([np.sin(pi * x) for x in xs], axis=0)
-        f = -grid.ndim * pi**2 * u
-        a = None
-        if case == "variable-coefficient":
-            x = xs[-1]
-            a = 1 + 0.5 * np.sin(2 * pi * x)
-            # ∇·(a∇u) = a∇²u + ∂a/∂x ∂u/∂x
-            dudx = pi * np.cos(pi * x) * np.prod([np.sin(pi * y) for y in xs[:-1]], axis=0)
-            f = a * f + pi * np.cos(2 * pi * x) * dudx
-        return u, f, a
-    u = np.prod([np.cos(pi * x) for x in xs], axis=0)
-    return u, -grid.ndim * pi**2 * u, None
+# ------------------------------------------------------------------------------ settings
+def resolve(args: argparse.Namespace) -> dict[str, Any]:
+    """Defaults, then the ``--config`` file, then the command line; checked."""
+    from .cli import _parse_devices, _positive_number, load_config
+
+    settings: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        raw = load_config(args.config, POISSON_KEYS)
+        if raw.pop("parameters", None):
+            raise ValueError("--config: poisson takes no [parameters] table")
+        settings.update(raw)
+    for key in POISSON_KEYS:
+        value = getattr(args, key, None)
+        if value is not None:
+            settings[key] = value
+    n = settings.pop("n", None)
+    for key in ("nx", "ny"):
+        if n is not None and getattr(args, key, None) is None:
+            if args.n is not None or key not in settings:
+                settings[key] = n
+    settings["case_given"] = "case" in settings
+    for key, value in DEFAULTS.items():
+        if key != "n":
+            settings.setdefault(key, value)
+
+    if settings["case"] not in CASES:
+        raise ValueError(f"--case must be one of {', '.join(CASES)}, got {settings['case']!r}")
+    if settings["precision"] not in ("float32", "float64"):
+        raise ValueError(f"--precision must be float32 or float64, got {settings['precision']!r}")
+    if settings.get("method") is not None and settings["method"] not in METHODS:
+        raise ValueError(
+            f"--method must be one of {', '.join(METHODS)}, got {settings['method']!r}"
+        )
+    if settings["compatibility"] not in ("project", "check"):
+        raise ValueError(
+            f"--compatibility must be project or check, got {settings['compatibility']!r}"
+        )
+    if isinstance(settings["devices"], str):
+        settings["devices"] = _parse_devices(settings["devices"])
+    for key in ("nx", "ny", "nz"):
+        if settings.get(key) is not None:
+            settings[key] = _positive_number(f"--{key}", settings[key], integer=True)
+    for key in ("lx", "ly", "lz"):
+        if settings.get(key) is not None:
+            settings[key] = _positive_number(f"--{key}", settings[key])
+    settings["max_iterations"] = _positive_number(
+        "--max-iterations", settings["max_iterations"], integer=True
+    )
+    rtol = settings.get("rtol")
+    if rtol is not None:
+        ok = isinstance(rtol, (int, float)) and not isinstance(rtol, bool)
+        if not (ok and math.isfinite(rtol) and 0 < rtol < 1):
+            raise ValueError(f"--rtol must be a number in (0, 1), got {rtol!r}")
+        settings["rtol"] = float(rtol)
+    frame = settings.get("frame")
+    if frame is not None and (isinstance(frame, bool) or not isinstance(frame, int)):
+        raise ValueError(f"--frame must be an integer, got {frame!r}")
+    bc = settings.get("bc")
+    if isinstance(bc, str):
+        bc = [b.strip() for b in bc.split(",")]
+    if bc is not None:
+        if not isinstance(bc, (list, tuple)) or not all(isinstance(b, str) for b in bc):
+            raise ValueError(f"--bc must be names like dirichlet,periodic, got {bc!r}")
+        bad = [b for b in bc if b not in BCS]
+        if bad or not bc:
+            raise ValueError(
+                f"--bc: unknown boundary condition(s) {bad}; each axis takes one of "
+                f"{', '.join(BCS)}"
+            )
+        settings["bc"] = list(bc)
+    for key in ("rhs", "coefficient"):
+        spec = settings.get(key)
+        if spec is not None and (not isinstance(spec, str) or ":" not in spec):
+            raise ValueError(f"--{key} must be FILE:VARIABLE, e.g. run.h5:zeta, got {spec!r}")
+    return settings
 
 
-def _read_rhs(spec: str, shape):
+# ---------------------------------------------------------------------------- input files
+def read_field(spec: str, frame: int | None, option: str) -> dict[str, Any]:
+    """The values of ``FILE:VARIABLE`` (one frame if it has a time dimension), with the
+    names and values of its dimension coordinates and its ``units``."""
     import h5py
 
-    if ":" not in spec:
-        raise ValueError(f"--rhs must be FILE.h5:VARIABLE, got {spec!r}")
     path, name = spec.rsplit(":", 1)
-    if not os.path.exists(path):
-        raise ValueError(f"--rhs: file {path!r} does not exist")
-    with h5py.File(path, "r") as f:
-        if name not in f:
-            raise ValueError(f"--rhs: {path!r} has no variable {name!r}; it has {list(f)}")
-        data = np.asarray(f[name])
-    data = np.squeeze(data)
-    if data.shape != tuple(shape):
-        raise ValueError(f"--rhs: {spec} has shape {data.shape}, the grid is {tuple(shape)}")
-    return data
+    if not os.path.isfile(path):
+        raise ValueError(f"--{option}: file {path!r} does not exist")
+    try:
+        fh = h5py.File(path, "r")
+    except OSError as e:
+        raise ValueError(f"--{option}: cannot read {path!r} as a NetCDF4/HDF5 file: {e}") from None
+    with fh:
+        ds = fh.get(name.lstrip("/"))
+        if not isinstance(ds, h5py.Dataset):
+            have = sorted(k for k, v in fh.items() if isinstance(v, h5py.Dataset) and v.ndim >= 2)
+            raise ValueError(
+                f"--{option}: {path!r} has no variable {name!r}; variables with two or more "
+                f"dimensions: {have}"
+            )
+        dims, coords = [], []
+        for d in ds.dims:
+            scales = list(d.values())
+            scale = scales[0] if scales else None
+            label = scale.name.rsplit("/", 1)[-1] if scale is not None else (d.label or None)
+            dims.append(label)
+            values = None
+            if scale is not None and scale.ndim == 1 and scale.shape[0] > 0:
+                tag = scale.attrs.get("NAME", b"")
+                tag = tag.decode() if isinstance(tag, bytes) else str(tag)
+                if not tag.startswith("This is a netCDF dimension but not a netCDF variable"):
+                    values = np.asarray(scale[...], dtype=float)
+            coords.append(values)
+        units = ds.attrs.get("units")
+        if isinstance(units, bytes):
+            units = units.decode()
+        shape = ds.shape
+        time_value = None
+        if dims and dims[0] == "time":
+            count = shape[0]
+            index = -1 if frame is None else frame
+            if count == 0:
+                raise ValueError(f"--{option}: {spec} has no frame (time dimension of size 0)")
+            if not -count <= index < count:
+                raise ValueError(f"--frame {frame} is out of range: {spec} has {count} frames")
+            data = np.asarray(ds[index])
+            if coords[0] is not None:
+                time_value = float(coords[0][index])
+            dims, coords = dims[1:], coords[1:]
+            index = index % count
+        else:
+            if frame is not None:
+                raise ValueError(f"--frame given, but {spec} has no time dimension")
+            data = np.asarray(ds[...])
+            index = None
+    if data.ndim not in (2, 3):
+        raise ValueError(
+            f"--{option}: {spec} has dimensions {tuple(d or '?' for d in dims)} of shape "
+            f"{data.shape}; need a 2-D (y, x) or 3-D (z, y, x) field"
+        )
+    if not np.issubdtype(data.dtype, np.number):
+        raise ValueError(f"--{option}: {spec} is not numeric (dtype {data.dtype})")
+    bad = int(np.sum(~np.isfinite(data)))
+    if bad:
+        raise ValueError(f"--{option}: {spec} holds {bad} non-finite value(s) (NaN/Inf)")
+    return dict(
+        data=data, dims=dims, coords=coords, units=units, frame=index, time=time_value, spec=spec
+    )
 
 
+def _geometry_from_coords(field: dict, lengths: list, names: tuple[str, ...]):
+    """Lengths and origin per axis: given lengths win; otherwise uniform coordinates of the
+    variable (its values at the cell centres); otherwise a unit length."""
+    extent, origin = [], []
+    for axis, (given, values) in enumerate(zip(lengths, field["coords"])):
+        n = field["data"].shape[axis]
+        if given is not None or values is None or n < 2:
+            extent.append(given if given is not None else 1.0)
+            origin.append(0.0)
+            continue
+        step = np.diff(values)
+        d = float(step[0])
+        if not (d > 0 and np.allclose(step, d, rtol=1e-6, atol=0)):
+            raise ValueError(
+                f"--rhs: the {names[axis]} coordinate of {field['spec']} is not uniformly "
+                f"increasing; give the domain length with --l{names[axis]}"
+            )
+        extent.append(n * d)
+        origin.append(float(values[0]) - d / 2)
+    return extent, origin
+
+
+# ------------------------------------------------------------------------ manufactured
+def manufactured(case: str, grid) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Exact solution, right-hand side and coefficient (or None) of a manufactured case on
+    ``grid`` (origin at 0), scaled to its lengths."""
+    xs = grid.mesh_coordinates(("centre",) * grid.ndim)
+    pi = np.pi
+    L = grid.extent
+    if case == "periodic-sines":
+        u = np.prod([np.sin(2 * pi * x / l) for x, l in zip(xs, L)], axis=0)
+        return u, -sum((2 * pi / l) ** 2 for l in L) * u, None
+    if case in ("dirichlet", "variable-coefficient"):
+        u = np.prod([np.sin(pi * x / l) for x, l in zip(xs, L)], axis=0)
+        f = -sum((pi / l) ** 2 for l in L) * u
+        a = None
+        if case == "variable-coefficient":
+            x, lx = xs[-1], L[-1]
+            a = 1 + 0.5 * np.sin(2 * pi * x / lx)
+            # ∇·(a∇u) = a ∇²u + ∂a/∂x ∂u/∂x
+            others = np.prod([np.sin(pi * y / l) for y, l in zip(xs[:-1], L[:-1])], axis=0)
+            dudx = pi / lx * np.cos(pi * x / lx) * others
+            f = a * f + pi / lx * np.cos(2 * pi * x / lx) * dudx
+        return u, f, a
+    u = np.prod([np.cos(pi * x / l) for x, l in zip(xs, L)], axis=0)
+    return u, -sum((pi / l) ** 2 for l in L) * u, None
+
+
+# ----------------------------------------------------------------------------------- run
 def run(args) -> int:
-    """Run the ``poisson`` subcommand."""
-    from .cli import setup_jax
+    """Run the ``poisson`` subcommand (exit code 0, or 1 if the solve did not converge)."""
+    from .cli import _check_plot_path, setup_jax
 
-    setup_jax(args.precision, args.devices)
+    s = resolve(args)
+    setup_jax(s["precision"], s["devices"])
+
+    # Input fields first: they fix the grid's shape and geometry.
+    rhs = read_field(s["rhs"], s.get("frame"), "rhs") if s.get("rhs") else None
+    coef = None
+    if s.get("coefficient"):
+        coef = read_field(s["coefficient"], s.get("frame"), "coefficient")
+    if s.get("frame") is not None and rhs is None and coef is None:
+        raise ValueError("--frame needs --rhs or --coefficient")
+    if rhs is not None:
+        shape = list(rhs["data"].shape)
+        names = ("z", "y", "x")[3 - len(shape) :]
+        for name, size in zip(names, shape):
+            given = s.get(f"n{name}")
+            if given is not None and given != size:
+                raise ValueError(
+                    f"--n{name}={given} does not match --rhs {s['rhs']}, whose shape is "
+                    f"{tuple(shape)}; leave the grid size out to take the variable's"
+                )
+        if len(shape) == 2 and s.get("nz") is not None:
+            raise ValueError(f"--nz given, but --rhs {s['rhs']} is 2-D (shape {tuple(shape)})")
+    else:
+        nx, ny = s.get("nx", 64), s.get("ny", 64)
+        shape = [ny, nx] if s.get("nz") is None else [s["nz"], ny, nx]
+    ndim = len(shape)
+    names = ("z", "y", "x")[3 - ndim :]
+    lengths = [s.get(f"l{name}") for name in names]
+    if rhs is not None:
+        extent, origin = _geometry_from_coords(rhs, lengths, names)
+    else:
+        extent, origin = [v if v is not None else 1.0 for v in lengths], [0.0] * ndim
+    if coef is not None and tuple(coef["data"].shape) != tuple(shape):
+        raise ValueError(
+            f"--coefficient {s['coefficient']} has shape {coef['data'].shape}, the grid is "
+            f"{tuple(shape)}"
+        )
+
+    case_bc = CASE_BC[s["case"]]
+    if rhs is not None and not s.get("bc") and not s["case_given"]:
+        raise ValueError(
+            f"--rhs needs --bc, the boundary conditions of {s['rhs']}: one for every axis "
+            f"or one per axis {','.join(names)}, e.g. periodic or dirichlet,periodic"
+        )
+    bc = s.get("bc") or [case_bc]
+    if len(bc) == 1:
+        bc = bc * ndim
+    if len(bc) != ndim:
+        raise ValueError(
+            f"--bc needs one condition or {ndim} (one per axis {','.join(names)}), got "
+            f"{len(bc)}: {','.join(bc)}"
+        )
+    if rhs is not None and s["case"] == "variable-coefficient" and coef is None:
+        raise ValueError(
+            "--case variable-coefficient defines its coefficient with its own right-hand "
+            "side; with --rhs give the coefficient by --coefficient FILE:VARIABLE"
+        )
+    has_coefficient = coef is not None or (rhs is None and s["case"] == "variable-coefficient")
+    method = s.get("method") or ("cg" if has_coefficient else "spectral")
+    if method == "spectral" and has_coefficient:
+        raise ValueError(
+            "--method spectral needs a constant coefficient; use --method cg or multigrid"
+        )
+
+    output = s["output"]
+    for spec in (s.get("rhs"), s.get("coefficient")):
+        if spec and os.path.exists(output):
+            if os.path.samefile(spec.rsplit(":", 1)[0], output):
+                raise ValueError(
+                    f"--output {output!r} is the input file of {spec}; writing would destroy it"
+                )
+    from .io import check_writable
+
+    check_writable(output)
+    _check_plot_path(s.get("plot"))
+
+    import jax
     import jax.numpy as jnp
 
     from .grids import Grid
-    from .io import NetCDFWriter, Variable, check_writable
+    from .io import NetCDFWriter, Variable
     from .parallel import make_mesh
     from .solvers.poisson import PoissonSolver
 
-    n = args.n or 64
-    shape = [args.ny or n, args.nx or n]
-    if args.nz:
-        shape = [args.nz, *shape]
-    for s in shape:
-        if s < 1:
-            raise ValueError(f"grid sizes must be positive integers, got {shape}")
-    ndim = len(shape)
-    if args.bc:
-        bc = tuple(b.strip() for b in args.bc.split(","))
-        if len(bc) == 1:
-            bc = bc * ndim
+    grid = Grid(
+        shape,
+        extent,
+        periodic=tuple(b == "periodic" for b in bc),
+        origin=origin,
+        dtype=s["precision"],
+    )
+    exact = a = None
+    if rhs is None:
+        exact, f, a = manufactured(s["case"], grid)
+        if any(b != case_bc for b in bc):
+            exact = None  # the case's solution does not satisfy these conditions
     else:
-        kind = {"periodic-sines": "periodic", "neumann": "neumann"}.get(args.case, "dirichlet")
-        bc = (kind,) * ndim
-    periodic = tuple(b == "periodic" for b in bc)
-    grid = Grid(shape, (1.0,) * ndim, periodic=periodic, dtype=args.precision)
-    exact, f, a = _manufactured(args.case, grid)
-    if args.rhs:
-        f, exact = _read_rhs(args.rhs, shape), None
-    method = args.method or ("cg" if a is not None else "spectral")
-    mesh = None if args.devices in (1, None) else make_mesh(args.devices, ndim)
-    check_writable(args.output)
-    solver = PoissonSolver(grid, bc, method, coefficient=a, mesh=mesh, compatibility="project")
-    f = jnp.asarray(f, args.precision)
-    sol = solver.solve(f)
-    b = f - jnp.mean(f) if solver.singular else f
+        f = rhs["data"].astype(s["precision"])
+    if coef is not None:
+        a = coef["data"]
+    devices = s["devices"]
+    mesh = None
+    if devices not in (1, None, (1,) * ndim):
+        mesh = make_mesh(tuple(devices) if isinstance(devices, (list, tuple)) else devices, ndim)
+    solver = PoissonSolver(
+        grid,
+        tuple(bc),
+        method,
+        coefficient=a,
+        mesh=mesh,
+        rtol=s.get("rtol"),
+        max_iterations=s["max_iterations"],
+        compatibility=s["compatibility"],
+        throw=False,
+    )
+    f_mean = float(np.mean(f))
+    scale = float(np.max(np.abs(f))) or 1.0
+    eps = float(np.finfo(s["precision"]).eps)
+    # the solver's own round-off bound on the mean (PoissonSolver, compatibility="check")
+    mean_is_round_off = abs(f_mean) <= 100 * eps * math.log2(max(f.size, 2)) * scale
+    if solver.singular and s["compatibility"] == "check" and not mean_is_round_off:
+        raise ValueError(
+            f"f has mean {f_mean:.3e} (max |f| {scale:.3e}); a problem without Dirichlet "
+            f"axes ({','.join(bc)}) needs ∫f = 0 — use --compatibility project to "
+            f"remove the mean"
+        )
+
+    n_dev = 1 if mesh is None else mesh.size
+    if not args.quiet:
+        print(
+            f"physjax poisson: {'×'.join(map(str, shape))} cells, bc {','.join(bc)}, "
+            f"{method} on {n_dev} device{'s' if n_dev > 1 else ''} ({jax.default_backend()})",
+            file=sys.stderr,
+            flush=True,
+        )
+    fj = jnp.asarray(f, s["precision"])
+    start = time.perf_counter()
+    sol = solver.solve(fj)
+    jax.block_until_ready(sol)
+    seconds = time.perf_counter() - start
+    b = fj - jnp.mean(fj) if solver.singular else fj
     residual = np.asarray(solver.residual(sol.u, b))
+    iterations = int(sol.iterations)
+    rel_residual = float(sol.residual_norm)
+    converged = bool(sol.converged)
+
     centre = ("centre",) * ndim
+    if rhs is None:
+        f_units, u_units = "m-2", "1"
+    else:
+        f_units = rhs["units"] or "1"
+        u_units = "m2" if f_units == "1" else f"{f_units} m2"
+    residual_name = "f - <f> - A u" if solver.singular else "f - A u"
     variables = [
-        Variable("u", centre, "1", "solution of div(a grad u) = f", False),
-        Variable("f", centre, "m-2", "right-hand side", False),
-        Variable("residual", centre, "m-2", "f - A u of the discrete problem", False),
+        Variable("u", centre, u_units, "solution of div(a grad u) = f", False),
+        Variable("f", centre, f_units, "right-hand side", False),
+        Variable("residual", centre, f_units, f"{residual_name} of the discrete problem", False),
     ]
     fields = {"u": sol.u, "f": f, "residual": residual}
+    if a is not None:
+        variables.append(Variable("a", centre, "1", "coefficient a of div(a grad u)", False))
+        fields["a"] = a
+    errors = {}
     if exact is not None:
         err = np.asarray(sol.u) - exact
         if solver.singular:
@@ -130,39 +518,78 @@ def run(args) -> int:
             Variable("error", centre, "1", "u - u_exact (zero-mean gauge if singular)", False),
         ]
         fields.update(u_exact=exact, error=err)
-    config = dict(case=args.case, bc=list(bc), method=method, shape=shape, rhs=args.rhs or "")
+        errors = dict(
+            error_max=float(np.max(np.abs(err))),
+            error_l2=float(np.sqrt(np.mean(err**2))),
+        )
+    config = dict(
+        case=s["case"] if rhs is None else "user",
+        rhs=s.get("rhs") or "",
+        coefficient=s.get("coefficient") or "",
+        frame=-1 if rhs is None or rhs["frame"] is None else rhs["frame"],
+        bc=list(bc),
+        method=method,
+        shape=list(shape),
+        extent=list(extent),
+        origin=list(origin),
+        rtol=solver.rtol,
+        max_iterations=s["max_iterations"],
+        compatibility=s["compatibility"],
+        precision=s["precision"],
+        devices=list(devices) if isinstance(devices, (list, tuple)) else devices,
+        output=output,
+        plot=s.get("plot") or "",
+    )
     writer = NetCDFWriter(
-        args.output,
+        output,
         grid,
         variables,
-        attrs=dict(case=args.case, title="physjax poisson", parameters={}, configuration=config),
+        attrs=dict(
+            case=s["case"] if rhs is None else "user",
+            title="physjax poisson",
+            parameters={},
+            configuration=config,
+        ),
     )
-    writer.write_static(fields)
-    writer.finish(
-        iterations=int(sol.iterations),
-        residual_norm=float(sol.residual_norm),
-        converged=int(bool(sol.converged)),
+    writer.write_static({k: np.asarray(v) for k, v in fields.items()})
+    removed = solver.singular and s["compatibility"] == "project"
+    summary = dict(
+        iterations=iterations,
+        residual_norm=rel_residual,
+        converged=int(converged),
+        solve_seconds=seconds,
+        rhs_mean_removed=f_mean if removed else 0.0,
+        **errors,
     )
-    if args.plot:
-        import matplotlib
+    if converged:
+        writer.finish(**summary)
+    else:
+        writer.finish(
+            status=f"failed: not converged after {iterations} iterations (relative residual "
+            f"{rel_residual:.2e} > rtol {solver.rtol:.0e})",
+            **summary,
+        )
+    if s.get("plot"):
+        from ._plot import plot_panels
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        names = ["u", "residual"] + (["error"] if exact is not None else [])
-        fig, axes = plt.subplots(1, len(names), figsize=(4 * len(names), 3.5))
-        for ax, name in zip(np.atleast_1d(axes), names):
-            data = np.asarray(fields[name])
-            data = data[data.shape[0] // 2] if data.ndim == 3 else data
-            im = ax.imshow(data, origin="lower", extent=(0, 1, 0, 1))
-            ax.set_title(name)
-            fig.colorbar(im, ax=ax)
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=100)
-        plt.close(fig)
-    print(
-        f"poisson {method}: {int(sol.iterations)} iterations, relative residual "
-        f"{float(sol.residual_norm):.2e}; wrote {args.output}"
-        + (f" and {args.plot}" if args.plot else "")
-    )
+        panels = ["u", "residual"] + (["error"] if exact is not None else ["f"])
+        plot_panels(output, s["plot"], names=panels)
+    what = f"poisson {method}: "
+    if method != "spectral":
+        what += f"{iterations} iteration{'s' if iterations != 1 else ''}, "
+    what += f"relative residual {rel_residual:.2e}"
+    if errors:
+        what += f", max error vs exact {errors['error_max']:.2e}"
+    what += f" in {seconds:.2f} s (compilation included)"
+    if removed and not mean_is_round_off:
+        what += f" (mean of f {f_mean:.3e} removed)"
+    where = f"{output}" + (f" and {s['plot']}" if s.get("plot") else "")
+    if not converged:
+        print(
+            f"physjax poisson: {method} did not converge in {iterations} iterations (relative "
+            f"residual {rel_residual:.2e} > rtol {solver.rtol:.0e}); wrote {where}, marked failed",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"{what}; wrote {where}")
     return 0

@@ -2,21 +2,33 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
 
 
-def _axes_km(ds, dims):
+def _axes(ds, dims):
+    """x and y coordinates of the panels and their unit: km for domains of 10 km or more."""
     ydim, xdim = dims
-    return np.asarray(ds[xdim]) / 1e3, np.asarray(ds[ydim]) / 1e3
+    x, y = np.asarray(ds[xdim], dtype=float), np.asarray(ds[ydim], dtype=float)
+    span = max(np.ptp(x) if x.size else 0.0, np.ptp(y) if y.size else 0.0)
+    if span >= 1e4:
+        return x / 1e3, y / 1e3, "km"
+    return x, y, "m"
 
 
-def plot_panels(path: str | os.PathLike, output: str | os.PathLike, frame: int = -1) -> str:
-    """Plot the 2-D fields of one frame of a physjax file into a PNG; returns ``output``.
+def plot_panels(
+    path: str | os.PathLike,
+    output: str | os.PathLike,
+    frame: int = -1,
+    names: list[str] | None = None,
+) -> str:
+    """Plot the fields of one frame of a physjax file into a PNG; returns ``output``.
 
     Shallow-water files show the height anomaly ``h + b − mean`` [m] and the relative
-    vorticity ζ [s⁻¹]; other files show up to three of their data variables.
+    vorticity ζ [s⁻¹]; other files show the variables ``names`` (default: up to three of
+    their data variables). A 3-D field is shown by its middle z level.
     """
     import matplotlib
 
@@ -29,14 +41,22 @@ def plot_panels(path: str | os.PathLike, output: str | os.PathLike, frame: int =
             raise ValueError(f"{os.fspath(path)!r} holds no frame to plot")
         sel = ds.isel(time=frame) if "time" in ds.dims else ds
         panels = []
-        if "h" in sel and "zeta" in sel:
+        if names is not None:
+            missing = [n for n in names if n not in sel]
+            if missing:
+                raise ValueError(f"{os.fspath(path)!r} has no variable(s) {missing}")
+            for name in names:
+                var = sel[name]
+                long_name = var.attrs.get("long_name", name)
+                panels.append((var, f"{name}: {long_name}", var.attrs.get("units", ""), "viridis"))
+        elif "h" in sel and "zeta" in sel:
             eta = sel["h"] + (sel["bottom"] if "bottom" in sel else 0)
             anomaly = eta - float(eta.mean())
             panels.append((anomaly, "height anomaly", "m", "RdBu_r"))
             panels.append((sel["zeta"], "relative vorticity", "s$^{-1}$", "PuOr_r"))
         else:
             for name, var in sel.data_vars.items():
-                if var.ndim == 2 and name != "grid":
+                if var.ndim in (2, 3) and name != "grid":
                     panels.append(
                         (
                             var,
@@ -55,7 +75,15 @@ def plot_panels(path: str | os.PathLike, output: str | os.PathLike, frame: int =
             title_time = f", t = {t / 86400:.3g} days" if t >= 86400 else f", t = {t:.4g} s"
         fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False)
         for ax, (var, label, units, cmap) in zip(axes[0], panels):
-            x, y = _axes_km(ds, var.dims[-2:])
+            title = label
+            if names is not None:
+                label = label.split(":", 1)[0]  # the variable's name on the colour bar
+            if var.ndim == 3:
+                level = var.sizes[var.dims[0]] // 2
+                z = float(ds[var.dims[0]][level])
+                var = var.isel({var.dims[0]: level})
+                title = f"{title}\nat z = {z:.3g} m"
+            x, y, xy_units = _axes(ds, var.dims[-2:])
             data = np.asarray(var, dtype=float)
             vmax = float(np.nanmax(np.abs(data))) or 1.0
             exponent = int(np.floor(np.log10(vmax)))
@@ -65,11 +93,15 @@ def plot_panels(path: str | os.PathLike, output: str | os.PathLike, frame: int =
             kwargs = {"vmin": -vmax, "vmax": vmax} if cmap != "viridis" else {}
             im = ax.pcolormesh(x, y, data, cmap=cmap, shading="auto", **kwargs)
             ax.set_aspect("equal")
-            ax.set_xlabel("x [km]")
-            ax.set_ylabel("y [km]")
-            ax.set_title(label)
+            ax.set_xlabel(f"x [{xy_units}]")
+            ax.set_ylabel(f"y [{xy_units}]")
+            ax.set_title(title, fontsize=10)
             fig.colorbar(im, ax=ax, shrink=0.85, label=f"{label} [{units}]")
         case = ds.attrs.get("case", "")
+        if ds.attrs.get("title") == "physjax poisson":
+            config = ds.attrs.get("configuration", "")
+            rhs = json.loads(config).get("rhs", "") if config else ""
+            case = f"poisson, {rhs or case}"
         fig.suptitle(f"physjax {case}{title_time}")
         fig.tight_layout()
         fig.savefig(os.fspath(output), dpi=110)

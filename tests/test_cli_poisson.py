@@ -1,0 +1,329 @@
+"""``physjax poisson``: manufactured cases, user right-hand sides from files, bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import xarray as xr
+
+from physjax.cli import main
+from physjax.grids import Grid
+from physjax.solvers.poisson import PoissonSolver
+
+
+def _poisson(tmp_path, *extra, name="p.h5"):
+    out = tmp_path / name
+    code = main(["poisson", "--quiet", "--output", str(out), *extra])
+    return code, out
+
+
+def _fd_laplacian(u, spacing, bc):
+    """Second-order 5/7-point Laplacian of cell-centred u with homogeneous conditions."""
+    total = np.zeros_like(u)
+    for axis, (h, kind) in enumerate(zip(spacing, bc)):
+        if kind == "periodic":
+            lo, hi = np.roll(u, 1, axis), np.roll(u, -1, axis)
+        else:
+            sign = -1.0 if kind == "dirichlet" else 1.0
+            first = np.take(u, [0], axis)
+            last = np.take(u, [u.shape[axis] - 1], axis)
+            lo = np.concatenate([sign * first, np.delete(u, -1, axis)], axis)
+            hi = np.concatenate([np.delete(u, 0, axis), sign * last], axis)
+        total += (lo - 2 * u + hi) / h**2
+    return total
+
+
+@pytest.mark.parametrize(
+    "case, method",
+    [
+        ("periodic-sines", "spectral"),
+        ("dirichlet", "spectral"),
+        ("neumann", "multigrid"),
+        ("variable-coefficient", "cg"),
+    ],
+)
+def test_manufactured_cases_converge_at_second_order(tmp_path, case, method):
+    errors = []
+    for n in (16, 32):
+        code, out = _poisson(
+            tmp_path, "--case", case, "--n", str(n), "--method", method, name=f"{n}.h5"
+        )
+        assert code == 0
+        with xr.open_dataset(out) as ds:
+            assert ds.attrs["status"] == "complete"
+            assert ds.attrs["converged"] == 1
+            cfg = json.loads(ds.attrs["configuration"])
+            assert cfg["case"] == case and cfg["method"] == method and cfg["shape"] == [n, n]
+            for name in ("u", "f", "residual", "u_exact", "error"):
+                assert ds[name].dims == ("y", "x")
+                assert ds[name].attrs["units"] and ds[name].attrs["long_name"]
+            f = np.asarray(ds["f"])
+            assert float(np.abs(ds["residual"]).max()) <= 1e-9 * np.abs(f).max()
+            err = np.asarray(ds["error"])
+            assert ds.attrs["error_max"] == pytest.approx(np.abs(err).max())
+            errors.append(np.abs(err).max())
+    order = np.log2(errors[0] / errors[1])
+    assert abs(order - 2) <= 0.15, errors
+
+
+def test_methods_agree_and_3d_runs_on_devices(tmp_path):
+    args = ["--case", "dirichlet", "--n", "16", "--nz", "16"]
+    sols = {}
+    for method, devices in (("spectral", "1"), ("cg", "2x2x1"), ("multigrid", "4")):
+        code, out = _poisson(
+            tmp_path, *args, "--method", method, "--devices", devices, name=f"{method}.h5"
+        )
+        assert code == 0
+        with xr.open_dataset(out) as ds:
+            assert ds["u"].dims == ("z", "y", "x")
+            sols[method] = np.asarray(ds["u"])
+    scale = np.abs(sols["spectral"]).max()
+    for method in ("cg", "multigrid"):
+        assert np.abs(sols[method] - sols["spectral"]).max() <= 1e-8 * scale
+
+
+def test_devices_equal_one_device(tmp_path):
+    args = ["--case", "periodic-sines", "--nx", "32", "--ny", "16"]
+    _, one = _poisson(tmp_path, *args, name="one.h5")
+    _, four = _poisson(tmp_path, *args, "--devices", "2x2", name="four.h5")
+    with xr.open_dataset(one) as a, xr.open_dataset(four) as b:
+        assert json.loads(b.attrs["configuration"])["devices"] == [2, 2]
+        assert float(np.abs(a["u"] - b["u"]).max()) <= 1e-12
+
+
+def _write_rhs(path, f, dx, dy, x0=0.0, y0=0.0, units="s-1", time=False):
+    ny, nx = f.shape[-2:]
+    coords = {"y": y0 + dy * (np.arange(ny) + 0.5), "x": x0 + dx * (np.arange(nx) + 0.5)}
+    dims = ("y", "x")
+    if time:
+        coords["time"] = np.arange(f.shape[0]) * 10.0
+        dims = ("time", *dims)
+    ds = xr.Dataset({"forcing": (dims, f, {"units": units})}, coords=coords)
+    ds.to_netcdf(path, engine="h5netcdf")
+
+
+def test_user_rhs_takes_the_files_grid(tmp_path):
+    rng = np.random.default_rng(1)
+    f = rng.normal(size=(24, 40))
+    dx, dy = 2.5e3, 4e3
+    src = tmp_path / "rhs.nc"
+    _write_rhs(src, f, dx, dy, x0=-50e3, y0=1e5)
+    code, out = _poisson(tmp_path, "--rhs", f"{src}:forcing", "--bc", "dirichlet,periodic")
+    assert code == 0
+    with xr.open_dataset(out) as ds, xr.open_dataset(src) as inp:
+        np.testing.assert_allclose(ds["x"], inp["x"], rtol=0, atol=1e-9)
+        np.testing.assert_allclose(ds["y"], inp["y"], rtol=0, atol=1e-9)
+        assert ds["f"].attrs["units"] == "s-1" and ds["u"].attrs["units"] == "s-1 m2"
+        assert ds.attrs["case"] == "user"
+        u = np.asarray(ds["u"])
+    # the discrete equations hold with the file's spacing (a unit box would be off by 1e7)
+    lap = _fd_laplacian(u, (dy, dx), ("dirichlet", "periodic"))
+    assert np.abs(lap - f).max() <= 1e-10 * np.abs(f).max()
+    # and the library gives the same solution
+    grid = Grid(f.shape, (24 * dy, 40 * dx), periodic=(False, True), dtype="float64")
+    ref = np.asarray(PoissonSolver(grid, ("dirichlet", "periodic"))(f))
+    assert np.abs(ref - u).max() <= 1e-12 * np.abs(ref).max()
+
+
+def test_streamfunction_of_a_shallow_water_run(tmp_path):
+    """ζ of the last frame of a physjax shallow-water file → ψ with ∇²ψ = ζ − ⟨ζ⟩."""
+    sw = tmp_path / "sw.h5"
+    assert (
+        main(
+            [
+                "shallow-water",
+                "--case",
+                "barotropic-instability",
+                "--n",
+                "32",
+                "--t-end",
+                "20000",
+                "--precision",
+                "float64",
+                "--quiet",
+                "--output",
+                str(sw),
+            ]
+        )
+        == 0
+    )
+    code, out = _poisson(tmp_path, "--rhs", f"{sw}:zeta", "--bc", "periodic")
+    assert code == 0
+    with xr.open_dataset(sw) as run, xr.open_dataset(out) as ds:
+        zeta = np.asarray(run["zeta"].isel(time=-1))
+        dx = float(run["x_f"][1] - run["x_f"][0])
+        dy = float(run["y_f"][1] - run["y_f"][0])
+        psi = np.asarray(ds["u"])
+        assert json.loads(ds.attrs["configuration"])["frame"] == run.sizes["time"] - 1
+        np.testing.assert_allclose(ds["x"], run["x_f"], atol=1e-6)
+        assert ds.attrs["rhs_mean_removed"] == pytest.approx(zeta.mean(), rel=1e-6, abs=1e-20)
+    lap = _fd_laplacian(psi, (dy, dx), ("periodic", "periodic"))
+    assert np.abs(lap - (zeta - zeta.mean())).max() <= 1e-9 * np.abs(zeta).max()
+    # --frame picks another frame
+    code, out0 = _poisson(
+        tmp_path, "--rhs", f"{sw}:zeta", "--bc", "periodic", "--frame", "0", name="f0.h5"
+    )
+    assert code == 0
+    with xr.open_dataset(out0) as ds:
+        assert json.loads(ds.attrs["configuration"])["frame"] == 0
+
+
+def test_coefficient_from_file(tmp_path):
+    ny, nx = 32, 32
+    x = (np.arange(nx) + 0.5) / nx
+    a = np.broadcast_to(1 + 0.5 * np.sin(2 * np.pi * x), (ny, nx)).copy()
+    rng = np.random.default_rng(2)
+    f = rng.normal(size=(ny, nx))
+    src = tmp_path / "in.h5"
+    with h5py.File(src, "w") as h:
+        h["f"] = f
+        h["a"] = a
+    code, out = _poisson(
+        tmp_path, "--rhs", f"{src}:f", "--coefficient", f"{src}:a", "--bc", "dirichlet"
+    )
+    assert code == 0
+    with xr.open_dataset(out) as ds:
+        assert json.loads(ds.attrs["configuration"])["method"] == "cg"
+        np.testing.assert_array_equal(ds["a"], a)
+        u = np.asarray(ds["u"])
+    grid = Grid((ny, nx), (1.0, 1.0), periodic=False, dtype="float64")
+    ref = np.asarray(PoissonSolver(grid, "dirichlet", "cg", coefficient=a)(f))
+    assert np.abs(ref - u).max() <= 1e-8 * np.abs(ref).max()
+
+
+def test_config_file_and_precedence(tmp_path):
+    cfg = tmp_path / "p.toml"
+    cfg.write_text("case = 'neumann'\nn = 16\nmethod = 'multigrid'\nrtol = 1e-6\n")
+    code, out = _poisson(tmp_path, "--config", str(cfg), "--nx", "32")
+    assert code == 0
+    with xr.open_dataset(out) as ds:
+        cfg_out = json.loads(ds.attrs["configuration"])
+        assert cfg_out["shape"] == [16, 32] and cfg_out["method"] == "multigrid"
+        assert cfg_out["rtol"] == 1e-6 and cfg_out["bc"] == ["neumann", "neumann"]
+        assert 1e-10 < ds.attrs["residual_norm"] <= 1e-6  # stopped at the looser tolerance
+
+
+def test_not_converged_is_reported_and_the_file_kept(tmp_path, capsys):
+    code, out = _poisson(
+        tmp_path,
+        "--case",
+        "dirichlet",
+        "--n",
+        "64",
+        "--method",
+        "multigrid",
+        "--max-iterations",
+        "2",
+    )
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "did not converge in 2 iterations" in err
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["status"].startswith("failed: not converged")
+        assert ds.attrs["converged"] == 0 and ds.attrs["residual_norm"] > 1e-10
+
+
+def test_plot_and_script_wrapper(tmp_path):
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "solve_poisson.py")
+    out, png = tmp_path / "s.h5", tmp_path / "s.png"
+    env = dict(os.environ, XLA_FLAGS="")
+    res = subprocess.run(
+        [
+            sys.executable,
+            script,
+            "--case",
+            "dirichlet",
+            "--n",
+            "16",
+            "--nz",
+            "8",
+            "--output",
+            str(out),
+            "--plot",
+            str(png),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr
+    assert f"wrote {out} and {png}" in res.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    with h5py.File(out, "r") as h:
+        assert h.attrs["status"] == "complete"
+        assert h["u"].shape == (8, 16, 16)
+
+
+@pytest.fixture
+def rhs_file(tmp_path):
+    path = tmp_path / "in.h5"
+    _write_rhs(path, np.ones((3, 8, 8)), 1.0, 1.0, time=True)
+    with h5py.File(path, "a") as h:
+        h["line"] = np.zeros(8)
+        h["bad"] = np.full((8, 8), np.nan)
+    return path
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (["--bc", "wall"], "unknown boundary condition(s) ['wall']"),
+        (["--bc", "dirichlet,dirichlet,dirichlet"], "--bc needs one condition or 2"),
+        (["--n", "0"], "--nx must be a positive integer"),
+        (["--method", "multigrid", "--n", "97"], "multigrid cannot coarsen"),
+        (["--method", "spectral", "--case", "variable-coefficient"], "needs a constant coef"),
+        (["--rtol", "2"], "--rtol must be a number in (0, 1)"),
+        (["--max-iterations", "0"], "--max-iterations must be a positive integer"),
+        (["--devices", "3"], "the mesh does not divide the grid: ny=64"),
+        (["--plot", "p.jpg"], "--plot must name a .png"),
+        (["--rhs", "nofile.h5:f", "--bc", "periodic"], "file 'nofile.h5' does not exist"),
+        (["--rhs", "{rhs}:nope", "--bc", "periodic"], "has no variable 'nope'"),
+        (["--rhs", "{rhs}:line", "--bc", "periodic"], "need a 2-D (y, x) or 3-D"),
+        (["--rhs", "{rhs}:bad", "--bc", "periodic"], "64 non-finite value(s)"),
+        (["--rhs", "{rhs}:forcing", "--bc", "periodic", "--frame", "3"], "out of range"),
+        (["--rhs", "{rhs}:forcing", "--bc", "periodic", "--nx", "16"], "--nx=16 does not match"),
+        (["--rhs", "{rhs}:forcing"], "--rhs needs --bc"),
+        (["--rhs", "{rhs}"], "--rhs must be FILE:VARIABLE"),
+        (
+            ["--rhs", "{rhs}:forcing", "--bc", "periodic", "--compatibility", "check"],
+            "needs ∫f = 0",
+        ),
+        (
+            ["--case", "neumann", "--compatibility", "check", "--rhs", "{rhs}:forcing"],
+            "needs ∫f = 0",
+        ),
+    ],
+)
+def test_bad_input_clear_error_and_no_file(tmp_path, capsys, rhs_file, extra, match):
+    extra = [e.replace("{rhs}", str(rhs_file)) for e in extra]
+    before = sorted(tmp_path.iterdir())
+    code, out = _poisson(tmp_path, *extra)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert match in err
+    assert not out.exists()
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_output_paths_and_config_errors(tmp_path, capsys, rhs_file):
+    code, _ = _poisson(
+        tmp_path, "--rhs", f"{rhs_file}:forcing", "--bc", "periodic", name=rhs_file.name
+    )
+    assert code == 2
+    assert "is the input file" in capsys.readouterr().err
+    assert h5py.File(rhs_file, "r")["forcing"].shape == (3, 8, 8)  # untouched
+    assert main(["poisson", "--output", str(tmp_path / "no" / "x.h5")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    bad = tmp_path / "bad.toml"
+    bad.write_text("case = 'dirichlet\n")
+    assert main(["poisson", "--config", str(bad)]) == 2
+    assert "is not valid TOML" in capsys.readouterr().err
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text("case = 'dirichlet'\nt_end = 3.0\n")
+    assert main(["poisson", "--config", str(unknown)]) == 2
+    assert "unknown setting(s) ['t_end']" in capsys.readouterr().err
