@@ -182,8 +182,11 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(
             f"--compatibility must be project or check, got {settings['compatibility']!r}"
         )
-    if isinstance(settings["devices"], str):
-        settings["devices"] = _parse_devices(settings["devices"])
+    if isinstance(settings["devices"], str):  # from a config file: "4" or "2x2"
+        try:
+            settings["devices"] = _parse_devices(settings["devices"])
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(str(e)) from None
     for key in ("nx", "ny", "nz"):
         if settings.get(key) is not None:
             settings[key] = _positive_number(f"--{key}", settings[key], integer=True)

@@ -239,6 +239,13 @@ def run_shallow_water(
         raise ValueError(f"--case: unknown case {case_name!r}; choose one of {', '.join(CASES)}")
     precision = settings.get("precision") or "float32"
     devices = settings.get("devices") or 1
+    if isinstance(devices, str):  # from a config file: "4" or "2x2"
+        try:
+            devices = _parse_devices(devices)
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(str(e)) from None
+    if isinstance(devices, list):
+        devices = tuple(devices)
     setup_jax(precision, devices)
 
     import jax

@@ -254,3 +254,17 @@ def test_cpu_allocator_tuning():
         check=True,
     )
     assert disabled.stdout.strip() == "False"
+
+
+def test_devices_from_config_file(tmp_path, capsys):
+    cfg = tmp_path / "d.toml"
+    cfg.write_text('case = "gravity-wave"\nn = 16\nt_end = 3600.0\ndevices = "2x2"\n')
+    out = tmp_path / "d.h5"
+    assert main(["shallow-water", "--config", str(cfg), "--output", str(out), "--quiet"]) == 0
+    with xr.open_dataset(out) as ds:
+        assert '"devices": [2, 2]' in ds.attrs["configuration"]
+    cfg.write_text('devices = "2y2"\n')
+    for command in ("shallow-water", "poisson"):
+        assert main([command, "--config", str(cfg), "--output", str(tmp_path / "e.h5")]) == 2
+        assert "--devices takes a count like 4 or a layout like 2x2" in capsys.readouterr().err
+    assert not (tmp_path / "e.h5").exists()
