@@ -226,9 +226,10 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- input files
-def read_field(spec: str, frame: int | None, option: str) -> dict[str, Any]:
+def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -> dict[str, Any]:
     """The values of ``FILE:VARIABLE`` (one frame if it has a time dimension), with the
-    names and values of its dimension coordinates and its ``units``."""
+    names and values of its dimension coordinates and its ``units``. With ``strict``, a
+    ``frame`` given for a variable without a time dimension is an error."""
     import h5py
 
     path, name = spec.rsplit(":", 1)
@@ -277,7 +278,7 @@ def read_field(spec: str, frame: int | None, option: str) -> dict[str, Any]:
             dims, coords = dims[1:], coords[1:]
             index = index % count
         else:
-            if frame is not None:
+            if frame is not None and strict:
                 raise ValueError(f"--frame given, but {spec} has no time dimension")
             data = np.asarray(ds[...])
             index = None
@@ -356,7 +357,8 @@ def run(args) -> int:
     rhs = read_field(s["rhs"], s.get("frame"), "rhs") if s.get("rhs") else None
     coef = None
     if s.get("coefficient"):
-        coef = read_field(s["coefficient"], s.get("frame"), "coefficient")
+        # --frame is for the right-hand side; a static coefficient may go with it
+        coef = read_field(s["coefficient"], s.get("frame"), "coefficient", strict=rhs is None)
     if s.get("frame") is not None and rhs is None and coef is None:
         raise ValueError("--frame needs --rhs or --coefficient")
     if rhs is not None:
@@ -443,8 +445,8 @@ def run(args) -> int:
     exact = a = None
     if rhs is None:
         exact, f, a = manufactured(s["case"], grid)
-        if any(b != case_bc for b in bc):
-            exact = None  # the case's solution does not satisfy these conditions
+        if any(b != case_bc for b in bc) or coef is not None:
+            exact = None  # the case's solution does not solve this problem
     else:
         f = rhs["data"].astype(s["precision"])
     if coef is not None:

@@ -193,6 +193,25 @@ def test_coefficient_from_file(tmp_path):
     grid = Grid((ny, nx), (1.0, 1.0), periodic=False, dtype="float64")
     ref = np.asarray(PoissonSolver(grid, "dirichlet", "cg", coefficient=a)(f))
     assert np.abs(ref - u).max() <= 1e-8 * np.abs(ref).max()
+    # a manufactured f with another coefficient has no known solution: none is written
+    code, out = _poisson(
+        tmp_path, "--case", "dirichlet", "--n", "32", "--coefficient", f"{src}:a", name="m.h5"
+    )
+    assert code == 0
+    with xr.open_dataset(out) as ds:
+        assert "u_exact" not in ds and "error" not in ds and "a" in ds
+    # --frame picks the frame of a time-dependent f; a static coefficient goes with it
+    timed = tmp_path / "timed.nc"
+    _write_rhs(timed, np.stack([f, 2 * f]), 1 / nx, 1 / ny, units="1", time=True)
+    code, out = _poisson(
+        tmp_path,
+        *("--rhs", f"{timed}:forcing", "--frame", "1", "--coefficient", f"{src}:a"),
+        *("--bc", "dirichlet"),
+        name="t.h5",
+    )
+    assert code == 0
+    with xr.open_dataset(out) as ds:
+        assert np.abs(np.asarray(ds["u"]) - 2 * ref).max() <= 1e-8 * np.abs(ref).max()
 
 
 def test_config_file_and_precedence(tmp_path):
