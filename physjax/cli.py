@@ -205,6 +205,34 @@ def _sw_variables():
     ]
 
 
+def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dict) -> None:
+    """A run continues with the configuration stored in its file: a setting given with
+    ``--resume`` (other than ``--output``/``--plot``) must not differ from it."""
+
+    def same(a, b):
+        norm = lambda v: list(v) if isinstance(v, (tuple, list)) else v  # noqa: E731
+        return norm(a) == norm(b)
+
+    for key, value in given.items():
+        if key in ("output", "plot", "parameters") or value is None:
+            continue
+        if key not in stored or not same(value, stored[key]):
+            option = "--" + key.replace("_", "-")
+            was = f"the stored {stored[key]!r}" if key in stored else "a stored dt"
+            raise ValueError(
+                f"--resume continues {output!r} with the configuration stored in it; "
+                f"{option} {value!r} differs from {was} (leave it out, or start a new run)"
+            )
+    stored_params = {**defaults, **(stored.get("parameters") or {})}
+    for key, value in (given.get("parameters") or {}).items():
+        if key not in stored_params or not same(value, stored_params[key]):
+            raise ValueError(
+                f"--resume continues {output!r} with the configuration stored in it; "
+                f"parameter {key}={value!r} differs from the stored "
+                f"{stored_params.get(key, 'default')!r} (leave it out, or start a new run)"
+            )
+
+
 def run_shallow_water(
     settings: dict,
     *,
@@ -232,6 +260,8 @@ def run_shallow_water(
         stored = attrs.get("configuration")
         if not isinstance(stored, dict) or stored.get("command") != "shallow-water":
             raise ValueError(f"--resume: {output!r} was not written by physjax shallow-water")
+        case = CASES.get(stored.get("case"))
+        _check_resume_settings(settings, stored, output, case.defaults if case else {})
         settings = {**stored, "output": output, "plot": settings.get("plot") or stored.get("plot")}
 
     case_name = settings.get("case") or "geostrophic-adjustment"
@@ -403,7 +433,8 @@ def run_shallow_water(
     note = "" if done else f" (stopped at step {step}/{n_steps}; continue with --resume)"
     plot_note = f" and {plot}" if plot else ""
     print(
-        f"wrote {total_frames} frames of {case_name} (t = {step * dt:.6g} s, {step} steps of "
+        f"wrote {total_frames} frame{'s' if total_frames != 1 else ''} of {case_name} "
+        f"(t = {step * dt:.6g} s, {step} step{'s' if step != 1 else ''} of "
         f"dt = {dt:.4g} s) to {output}{plot_note}{note}",
         file=out,
     )

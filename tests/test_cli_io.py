@@ -268,3 +268,27 @@ def test_devices_from_config_file(tmp_path, capsys):
         assert main([command, "--config", str(cfg), "--output", str(tmp_path / "e.h5")]) == 2
         assert "--devices takes a count like 4 or a layout like 2x2" in capsys.readouterr().err
     assert not (tmp_path / "e.h5").exists()
+
+
+def test_resume_refuses_settings_that_differ_from_the_stored_run(tmp_path, capsys):
+    out = tmp_path / "r.h5"
+    args = [*FAST, "--save-every", "2", "--param", "amplitude=0.02", "--output", str(out)]
+    assert main(["shallow-water", *args, "--max-frames", "2"]) == 0
+    with h5py.File(out, "r") as f:
+        frames = f["time"].shape[0]
+    for extra, match in (
+        (["--precision", "float64"], "--precision 'float64' differs from the stored 'float32'"),
+        (["--n", "32"], "--nx 32 differs from the stored 16"),
+        (["--cfl", "0.3"], "--cfl 0.3 differs from a stored dt"),
+        (["--param", "amplitude=0.05"], "parameter amplitude=0.05 differs from the stored 0.02"),
+    ):
+        code = main(["shallow-water", "--output", str(out), "--resume", "--quiet", *extra])
+        assert code == 2
+        assert match in capsys.readouterr().err
+        with h5py.File(out, "r") as f:
+            assert f["time"].shape[0] == frames and f.attrs["status"] == "running"
+    # the same settings again (a default parameter spelled out too) continue the run
+    code = main(["shallow-water", *args, "--resume", "--param", "gravity=9.81"])
+    assert code == 0
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "complete" and f["time"].shape[0] > frames
