@@ -247,19 +247,22 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
                 f"--{option}: {path!r} has no variable {name!r}; variables with two or more "
                 f"dimensions: {have}"
             )
-        dims, coords = [], []
+        dims, coords, coord_units = [], [], []
         for d in ds.dims:
             scales = list(d.values())
             scale = scales[0] if scales else None
             label = scale.name.rsplit("/", 1)[-1] if scale is not None else (d.label or None)
             dims.append(label)
-            values = None
+            values = unit = None
             if scale is not None and scale.ndim == 1 and scale.shape[0] > 0:
                 tag = scale.attrs.get("NAME", b"")
                 tag = tag.decode() if isinstance(tag, bytes) else str(tag)
                 if not tag.startswith("This is a netCDF dimension but not a netCDF variable"):
                     values = np.asarray(scale[...], dtype=float)
+                    unit = scale.attrs.get("units")
+                    unit = unit.decode() if isinstance(unit, bytes) else unit
             coords.append(values)
+            coord_units.append(unit)
         units = ds.attrs.get("units")
         if isinstance(units, bytes):
             units = units.decode()
@@ -275,7 +278,7 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
             data = np.asarray(ds[index])
             if coords[0] is not None:
                 time_value = float(coords[0][index])
-            dims, coords = dims[1:], coords[1:]
+            dims, coords, coord_units = dims[1:], coords[1:], coord_units[1:]
             index = index % count
         else:
             if frame is not None and strict:
@@ -293,13 +296,28 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
     if bad:
         raise ValueError(f"--{option}: {spec} holds {bad} non-finite value(s) (NaN/Inf)")
     return dict(
-        data=data, dims=dims, coords=coords, units=units, frame=index, time=time_value, spec=spec
+        data=data,
+        dims=dims,
+        coords=coords,
+        coord_units=coord_units,
+        units=units,
+        frame=index,
+        time=time_value,
+        spec=spec,
     )
+
+
+#: Coordinate units read as lengths, and their size in metres.
+LENGTH_UNITS = {
+    **dict.fromkeys(("m", "meter", "meters", "metre", "metres"), 1.0),
+    **dict.fromkeys(("km", "kilometer", "kilometers", "kilometre", "kilometres"), 1e3),
+}
 
 
 def _geometry_from_coords(field: dict, lengths: list, names: tuple[str, ...]):
     """Lengths and origin per axis: given lengths win; otherwise uniform coordinates of the
-    variable (its values at the cell centres); otherwise a unit length."""
+    variable (its values at the cell centres, in metres or km, or without units); otherwise
+    a unit length."""
     extent, origin = [], []
     for axis, (given, values) in enumerate(zip(lengths, field["coords"])):
         n = field["data"].shape[axis]
@@ -307,6 +325,15 @@ def _geometry_from_coords(field: dict, lengths: list, names: tuple[str, ...]):
             extent.append(given if given is not None else 1.0)
             origin.append(0.0)
             continue
+        unit = field["coord_units"][axis]
+        if unit:
+            if unit.strip().lower() not in LENGTH_UNITS:
+                raise ValueError(
+                    f"--rhs: the {names[axis]} coordinate of {field['spec']} is in {unit!r}; "
+                    f"physjax poisson solves on a Cartesian grid in metres: give the domain "
+                    f"length with --l{names[axis]}"
+                )
+            values = values * LENGTH_UNITS[unit.strip().lower()]
         step = np.diff(values)
         d = float(step[0])
         if not (d > 0 and np.allclose(step, d, rtol=1e-6, atol=0)):

@@ -346,3 +346,40 @@ def test_output_paths_and_config_errors(tmp_path, capsys, rhs_file):
     unknown.write_text("case = 'dirichlet'\nt_end = 3.0\n")
     assert main(["poisson", "--config", str(unknown)]) == 2
     assert "unknown setting(s) ['t_end']" in capsys.readouterr().err
+
+
+def test_coordinate_units(tmp_path, capsys):
+    f = np.random.default_rng(3).normal(size=(8, 16))
+    km = tmp_path / "km.nc"
+    xr.Dataset(
+        {"f": (("y", "x"), f)},
+        coords={
+            "y": ("y", 2.0 * (np.arange(8) + 0.5), {"units": "km"}),
+            "x": ("x", 0.5 * (np.arange(16) + 0.5), {"units": "km"}),
+        },
+    ).to_netcdf(km, engine="h5netcdf")
+    code, out = _poisson(tmp_path, "--rhs", f"{km}:f", "--bc", "periodic", name="km.h5")
+    assert code == 0
+    with xr.open_dataset(out) as ds:
+        np.testing.assert_allclose(ds["x"], 500.0 * (np.arange(16) + 0.5))
+        assert json.loads(ds.attrs["configuration"])["extent"] == [16e3, 8e3]
+    deg = tmp_path / "deg.nc"
+    xr.Dataset(
+        {"f": (("lat", "lon"), f)},
+        coords={
+            "lat": ("lat", np.linspace(-35, 35, 8), {"units": "degrees_north"}),
+            "lon": ("lon", np.linspace(0, 337.5, 16), {"units": "degrees_east"}),
+        },
+    ).to_netcdf(deg, engine="h5netcdf")
+    code, out = _poisson(tmp_path, "--rhs", f"{deg}:f", "--bc", "periodic", name="deg.h5")
+    assert code == 2
+    assert "coordinate of" in (err := capsys.readouterr().err) and "is in 'degrees_north'" in err
+    assert not out.exists()
+    code, out = _poisson(
+        tmp_path,
+        *("--rhs", f"{deg}:f", "--bc", "periodic", "--lx", "4e7", "--ly", "8e6"),
+        name="deg.h5",
+    )
+    assert code == 0
+    with xr.open_dataset(out) as ds:
+        assert json.loads(ds.attrs["configuration"])["extent"] == [8e6, 4e7]
