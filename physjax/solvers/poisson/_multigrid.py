@@ -99,6 +99,12 @@ def global_dot(x: jax.Array, y: jax.Array, grid: Grid) -> jax.Array:
     return global_sum(x * y, grid)
 
 
+def global_max(x: jax.Array, grid: Grid) -> jax.Array:
+    m = jnp.max(x)
+    names = split_names(grid)
+    return lax.pmax(m, names) if names else m
+
+
 def remove_mean(x: jax.Array, grid: Grid) -> jax.Array:
     return x - global_sum(x, grid) / grid.size
 
@@ -287,35 +293,65 @@ def _tolerance(fnorm, rtol, atol):
     return jnp.maximum(rtol * fnorm, atol)
 
 
+def _round_off(unorm, dtype, anorm):
+    """``eps ‖A‖ ‖u‖``: the residual that rounding ``u`` to its precision can leave by itself
+    (``anorm`` bounds ‖A‖). In float32 the residual of the best representable solution is
+    of that order: ~1e-4 of ‖f‖ at 128² and ~1e-3 at 512² for a smooth solution."""
+    return jnp.finfo(dtype).eps * anorm * unorm
+
+
+#: An iteration whose correction is below this many ulps of ``u`` (relative, in norm) has
+#: exhausted the working precision: it stops there.
+STALL_ULPS = 10
+
+
+def _stalled(dnorm, unorm, dtype):
+    return dnorm <= STALL_ULPS * jnp.finfo(dtype).eps * unorm
+
+
 def multigrid_iterate(
-    matvec, precondition, f, grid: Grid, singular: bool, rtol, atol, max_iterations
+    matvec, precondition, f, grid: Grid, singular: bool, rtol, atol, max_iterations, anorm
 ):
-    """Stationary iteration ``u ← u + M(f - A u)`` until the residual is small."""
+    """Stationary iteration ``u ← u + M(f - A u)`` until ``‖f - A u‖ ≤ max(rtol ‖f‖, atol)``,
+    or until a cycle changes ``u`` by less than ``STALL_ULPS`` ulps (the precision is
+    exhausted: in float32 the residual stops falling long before ``u`` stops improving).
+    ``converged``: the residual is within ``max(rtol ‖f‖, atol) + eps ‖A‖ ‖u‖``."""
     fnorm = jnp.sqrt(global_dot(f, f, grid))
     tol = _tolerance(fnorm, rtol, atol)
 
     def cond(state):
-        _, _, rnorm, k = state
-        return (rnorm > tol) & (k < max_iterations)
+        _, _, rnorm, dnorm, unorm, k = state
+        return (rnorm > tol) & ~_stalled(dnorm, unorm, f.dtype) & (k < max_iterations)
 
     def body(state):
-        u, r, _, k = state
-        u = u + precondition(r)
+        u_old, r, _, _, _, k = state
+        u = u_old + precondition(r)
         if singular:
             u = remove_mean(u, grid)
+        d = u - u_old
         r = f - matvec(u)
-        return u, r, jnp.sqrt(global_dot(r, r, grid)), k + 1
+        norm = lambda v: jnp.sqrt(global_dot(v, v, grid))  # noqa: E731
+        return u, r, norm(r), norm(d), norm(u), k + 1
 
     u0 = jnp.zeros_like(f)
-    u, _, rnorm, k = lax.while_loop(cond, body, (u0, f, fnorm, jnp.asarray(0)))
+    inf = jnp.full((), jnp.inf, fnorm.dtype)
+    state = (u0, f, fnorm, inf, jnp.zeros_like(fnorm), jnp.asarray(0))
+    u, _, rnorm, _, unorm, k = lax.while_loop(cond, body, state)
     rel = rnorm / jnp.where(fnorm > 0, fnorm, 1)
-    return u, IterativeInfo(k, rel, rnorm <= tol)
+    return u, IterativeInfo(k, rel, rnorm <= tol + _round_off(unorm, f.dtype, anorm))
 
 
 def conjugate_gradient(
-    matvec, precondition, f, grid: Grid, singular: bool, rtol, atol, max_iterations
+    matvec, precondition, f, grid: Grid, singular: bool, rtol, atol, max_iterations, anorm
 ):
-    """Preconditioned CG for the negative semi-definite operator (signs absorbed)."""
+    """Preconditioned CG for the negative semi-definite operator (signs absorbed).
+
+    Stops like [`multigrid_iterate`][] (the updated residual below ``max(rtol ‖f‖, atol)``,
+    or a step below ``STALL_ULPS`` ulps of ``x``). The residual reported, and checked for
+    ``converged``, is the true ``‖f - A x‖`` of the returned ``x`` (one more operator
+    application): in float32 the updated residual keeps falling long after the true one
+    has reached round-off.
+    """
     fnorm = jnp.sqrt(global_dot(f, f, grid))
     tol = _tolerance(fnorm, rtol, atol)
 
@@ -326,11 +362,11 @@ def conjugate_gradient(
     # The preconditioner is applied at the top of the loop body only (one compiled copy of
     # the cycle); the first pass has beta = 0.
     def cond(state):
-        *_, rnorm, k = state
-        return (rnorm > tol) & (k < max_iterations)
+        *_, rnorm, dnorm, xnorm, k = state
+        return (rnorm > tol) & ~_stalled(dnorm, xnorm, f.dtype) & (k < max_iterations)
 
     def body(state):
-        x, r, p, rz_old, _, k = state
+        x, r, p, rz_old, _, _, _, k = state
         z = prec(r)
         rz = global_dot(r, z, grid)
         beta = jnp.where(k == 0, 0, rz / jnp.where(rz_old == 0, 1, rz_old))
@@ -340,13 +376,18 @@ def conjugate_gradient(
         alpha = rz / jnp.where(pap == 0, 1, pap)
         x = x + alpha * p
         r = r - alpha * ap
-        return x, r, p, rz, jnp.sqrt(global_dot(r, r, grid)), k + 1
+        norm = lambda v: jnp.sqrt(global_dot(v, v, grid))  # noqa: E731
+        return x, r, p, rz, norm(r), jnp.abs(alpha) * norm(p), norm(x), k + 1
 
     x0 = jnp.zeros_like(f)
     one = jnp.ones((), f.dtype)
-    state = (x0, f, x0, one, fnorm, jnp.asarray(0))
-    x, r, _, _, rnorm, k = lax.while_loop(cond, body, state)
+    inf = jnp.full((), jnp.inf, fnorm.dtype)
+    state = (x0, f, x0, one, fnorm, inf, jnp.zeros_like(fnorm), jnp.asarray(0))
+    x, *_, k = lax.while_loop(cond, body, state)
     if singular:
         x = remove_mean(x, grid)
+    r = f - matvec(x)
+    rnorm = jnp.sqrt(global_dot(r, r, grid))
+    xnorm = jnp.sqrt(global_dot(x, x, grid))
     rel = rnorm / jnp.where(fnorm > 0, fnorm, 1)
-    return x, IterativeInfo(k, rel, rnorm <= tol)
+    return x, IterativeInfo(k, rel, rnorm <= tol + _round_off(xnorm, f.dtype, anorm))

@@ -80,7 +80,10 @@ class PoissonSolver(eqx.Module):
     - `mesh`: a device mesh from [`physjax.parallel.make_mesh`][] to run under
       ``shard_map`` (default: one device).
     - `rtol`, `atol`: stop when ``‖f - A u‖₂ ≤ max(rtol ‖f‖₂, atol)`` (iterative methods;
-      default ``rtol`` 1e-10 in float64 and 1e-5 in float32).
+      default ``rtol`` 1e-10 in float64 and 1e-5 in float32), or when an iteration
+      changes ``u`` by less than 10 ulps; converged when the residual is within
+      ``max(rtol ‖f‖₂, atol) + eps ‖A‖ ‖u‖``, the residual that rounding ``u`` leaves (in
+      float32 above ``rtol`` on most grids: docs/poisson.md).
     - `max_iterations`: cycles or CG iterations before giving up (default 100).
     - `cycle`: ``"V"`` (default) or ``"F"``.
     - `smoothing`: red–black Gauss–Seidel sweeps ``(before, after)`` the coarse correction
@@ -339,11 +342,23 @@ class PoissonSolver(eqx.Module):
 
         iterate = mg.conjugate_gradient if self.method == "cg" else mg.multigrid_iterate
 
+        # ‖A‖∞ ≤ Σ_axes 4 max(a) / h²: sets the round-off level of the residual
+        a_max = 1.0 if a is None else mg.global_max(a, fine)
+        anorm = a_max * sum(4.0 / h**2 for h in fine.spacing)
+
         def solve_fn(_matvec, b):
             if self.singular:
                 b = mg.remove_mean(b, fine)
             return iterate(
-                matvec, cycle, b, fine, self.singular, self.rtol, self.atol, self.max_iterations
+                matvec,
+                cycle,
+                b,
+                fine,
+                self.singular,
+                self.rtol,
+                self.atol,
+                self.max_iterations,
+                anorm,
             )
 
         u, info = lax.custom_linear_solve(matvec, f, solve_fn, symmetric=True, has_aux=True)
