@@ -148,23 +148,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 # ------------------------------------------------------------------------------ settings
 def resolve(args: argparse.Namespace) -> dict[str, Any]:
     """Defaults, then the ``--config`` file, then the command line; checked."""
-    from .cli import _parse_devices, _positive_number, load_config
+    from .cli import _parse_devices, _positive_number, resolve_settings
 
-    settings: dict[str, Any] = {}
-    if getattr(args, "config", None):
-        raw = load_config(args.config, POISSON_KEYS)
-        if raw.pop("parameters", None):
-            raise ValueError("--config: poisson takes no [parameters] table")
-        settings.update(raw)
-    for key in POISSON_KEYS:
-        value = getattr(args, key, None)
-        if value is not None:
-            settings[key] = value
-    n = settings.pop("n", None)
-    for key in ("nx", "ny"):
-        if n is not None and getattr(args, key, None) is None:
-            if args.n is not None or key not in settings:
-                settings[key] = n
+    settings = resolve_settings(args, POISSON_KEYS)
+    if settings.pop("parameters", None):
+        raise ValueError("--config: poisson takes no [parameters] table")
     settings["case_given"] = "case" in settings
     for key, value in DEFAULTS.items():
         if key != "n":

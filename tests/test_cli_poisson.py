@@ -346,6 +346,10 @@ def test_output_paths_and_config_errors(tmp_path, capsys, rhs_file):
     unknown.write_text("case = 'dirichlet'\nt_end = 3.0\n")
     assert main(["poisson", "--config", str(unknown)]) == 2
     assert "unknown setting(s) ['t_end']" in capsys.readouterr().err
+    params = tmp_path / "params.toml"
+    params.write_text("case = 'dirichlet'\n[parameters]\ngravity = 9.8\n")
+    assert main(["poisson", "--config", str(params)]) == 2
+    assert "poisson takes no [parameters] table" in capsys.readouterr().err
 
 
 def test_coordinate_units(tmp_path, capsys):
