@@ -547,6 +547,7 @@ def run(args) -> int:
         rhs=s.get("rhs") or "",
         coefficient=s.get("coefficient") or "",
         frame=-1 if rhs is None or rhs["frame"] is None else rhs["frame"],
+        rhs_time=None if rhs is None else rhs["time"],  # [s] of that frame, if it has one
         bc=list(bc),
         method=method,
         shape=list(shape),

@@ -158,7 +158,9 @@ def test_streamfunction_of_a_shallow_water_run(tmp_path):
         dx = float(run["x_f"][1] - run["x_f"][0])
         dy = float(run["y_f"][1] - run["y_f"][0])
         psi = np.asarray(ds["u"])
-        assert json.loads(ds.attrs["configuration"])["frame"] == run.sizes["time"] - 1
+        cfg = json.loads(ds.attrs["configuration"])
+        assert cfg["frame"] == run.sizes["time"] - 1
+        assert cfg["rhs_time"] == float(run["time"][-1])
         np.testing.assert_allclose(ds["x"], run["x_f"], atol=1e-6)
         assert ds.attrs["rhs_mean_removed"] == pytest.approx(zeta.mean(), rel=1e-6, abs=1e-20)
     lap = _fd_laplacian(psi, (dy, dx), ("periodic", "periodic"))
