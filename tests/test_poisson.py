@@ -333,6 +333,15 @@ def test_bad_input_errors():
         PoissonSolver(_grid((8, 10), True), "periodic", mesh=make_mesh((2, 2), 2))
     with pytest.raises(ValueError, match="boundary_values given for axis x, which is periodic"):
         solve(np.zeros((16, 16)), grid, boundary_values={"x": (1.0, 0.0)})
+    with pytest.raises(ValueError, match="f must be real"):
+        solve(np.ones((16, 16)) * 1j, walls)
+    with pytest.raises(ValueError, match="coefficient must be real"):
+        PoissonSolver(walls, "dirichlet", "cg", coefficient=np.ones((16, 16)) + 0j)
+    with pytest.raises(ValueError, match="smoothing must be two sweep counts"):
+        PoissonSolver(walls, "dirichlet", "cg", smoothing=3)
+    with pytest.raises(ValueError, match="jax_enable_x64 is off"):
+        with jax.enable_x64(False):
+            PoissonSolver(walls, "dirichlet")
 
 
 def test_compatibility_checked_alongside_the_spectral_solve():
@@ -374,8 +383,102 @@ def test_non_convergence_is_reported():
     solver = PoissonSolver(grid, "dirichlet", "cg", max_iterations=2, throw=False)
     sol = solver.solve(f)
     assert not bool(sol.converged) and int(sol.iterations) == 2
+    # called eagerly: a plain RuntimeError raised in Python with the solver's message
+    raising = PoissonSolver(grid, "dirichlet", "cg", max_iterations=2)
+    with pytest.raises(RuntimeError, match="did not converge within max_iterations=2"):
+        raising(f)
+    with pytest.raises(RuntimeError, match="did not converge"):
+        raising.solve(f)
+    # inside jit: through eqx.error_if
     with pytest.raises(Exception, match="did not converge"):
-        PoissonSolver(grid, "dirichlet", "cg", max_iterations=2)(f).block_until_ready()
+        jax.jit(lambda x: raising(x))(jnp.asarray(f)).block_until_ready()
+
+
+def test_non_finite_results_are_never_converged():
+    """A diverging cycle or NaN in f used to pass the convergence test (inf ≤ inf)."""
+    grid = _grid((32, 32), False)
+    f = np.random.default_rng(3).normal(size=grid.shape)
+    a = np.ones(grid.shape)
+    a[8:24, 8:24] = 1e6  # the stand-alone V-cycle diverges at this contrast
+    sol = PoissonSolver(grid, "dirichlet", "multigrid", coefficient=a, throw=False).solve(f)
+    assert not bool(sol.converged)
+    with pytest.raises(RuntimeError, match="did not converge"):
+        solve(f, grid, "dirichlet", "multigrid", coefficient=a)
+    # CG converges on the same problem (to the round-off of a contrast-1e6 operator)
+    sol = PoissonSolver(grid, "dirichlet", "cg", coefficient=a, throw=False).solve(f)
+    assert bool(sol.converged) and float(sol.residual_norm) <= 1e-8
+
+    bad = f.copy()
+    bad[3, 4] = np.nan
+    for method in ("spectral", "multigrid", "cg"):
+        sol = PoissonSolver(grid, "dirichlet", method, throw=False).solve(bad)
+        assert not bool(sol.converged), method
+        assert int(sol.iterations) == 0, method  # the iterations stop at once
+    for method in ("spectral", "cg"):
+        with pytest.raises(ValueError, match="f contains NaN or Inf"):
+            solve(bad, _grid((32, 32), True), "periodic", method)
+
+
+@pytest.mark.parametrize("method", ["multigrid", "cg"])
+def test_iterations_scale_invariant(method):
+    """Norms are computed on f / max|f|: tiny or huge data is solved, not returned as 0."""
+    grid = _grid((32, 32), False)
+    f = np.random.default_rng(4).normal(size=grid.shape)
+    ref = solve(f, grid, "dirichlet", "spectral")
+    for scale in (1e-170, 1e170):
+        sol = PoissonSolver(grid, "dirichlet", method).solve(f * scale)
+        assert bool(sol.converged) and int(sol.iterations) > 2
+        assert _rel(sol.u / scale, ref) <= 1e-9, scale
+    g32 = Grid((32, 32), (1e6, 1e6), periodic=False, dtype="float32")
+    f32 = np.asarray(f * 1e-20, np.float32)
+    ref32 = np.asarray(solve(f32, g32, "dirichlet", "spectral"))
+    u32 = np.asarray(solve(f32, g32, "dirichlet", method))
+    assert np.max(np.abs(ref32)) > 0 and _rel(u32, ref32) <= 1e-4
+
+
+def test_input_cast_to_grid_precision():
+    grid = _grid((32, 32), False)
+    f32 = np.random.default_rng(5).normal(size=grid.shape).astype(np.float32)
+    for method in ("spectral", "cg"):
+        u = solve(f32, grid, "dirichlet", method)
+        assert u.dtype == jnp.float64
+        ref = solve(f32.astype(np.float64), grid, "dirichlet", method)
+        assert _rel(u, ref) <= 1e-14
+
+
+def test_neumann_values_with_coefficient_second_order():
+    """The wall flux a·q uses the coefficient extrapolated to the wall: with the adjacent
+    cell's value instead, this converged at first order (0.94)."""
+    ns, errors = [16, 32, 64], []
+    for n in ns:
+        grid = _grid((n, n), False)
+        y, x = grid.mesh_coordinates(("centre", "centre"))
+        a = 1 + 0.5 * np.sin(2 * PI * x)
+        u = np.sin(1.3 * x + 0.2) * np.sin(PI * y)
+        ux = 1.3 * np.cos(1.3 * x + 0.2) * np.sin(PI * y)
+        f = a * (-(1.69 + PI**2) * u) + PI * np.cos(2 * PI * x) * ux
+        yc = grid.coordinates("y")
+        q = (1.3 * np.cos(0.2) * np.sin(PI * yc), 1.3 * np.cos(1.5) * np.sin(PI * yc))
+        num = solve(f, grid, ("dirichlet", "neumann"), "cg", coefficient=a,
+                    boundary_values={"x": q}, rtol=1e-12)  # fmt: skip
+        errors.append(float(jnp.max(jnp.abs(num - u))))
+    assert abs(_fit_order(ns, errors) - 2) <= 0.15
+
+
+@pytest.mark.parametrize(
+    "shape,extent",
+    [((24, 40), (2.0, 0.5)), ((64, 64), (1.0, 4.0)), ((16, 64, 64), (1.0, 1.0, 1.0))],
+)
+def test_anisotropic_grids_semi_coarsening(shape, extent):
+    """Halving every axis kept dy/dx on every level and the point smoother stalled: 100
+    V-cycles without converging on the first grid, 54 and 90 on the others."""
+    grid = _grid(shape, False, extent)
+    f = np.random.default_rng(6).normal(size=shape)
+    ref = solve(f, grid, "dirichlet", "spectral")
+    for method, most in (("multigrid", 16), ("cg", 10)):
+        sol = PoissonSolver(grid, "dirichlet", method).solve(f)
+        assert int(sol.iterations) <= most, (method, int(sol.iterations))
+        assert _rel(sol.u, ref) <= 1e-8
 
 
 def test_traced_coefficient_checked_inside_jit():

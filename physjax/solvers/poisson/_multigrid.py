@@ -1,12 +1,17 @@
 """Matrix-free geometric multigrid for ∇·(a∇u) = f on cell centres, and preconditioned CG.
 
-Hierarchy: every level halves all axes at once (cell-centred coarsening, the coarse cell is
-the union of ``2^d`` fine cells) with the operator rediscretised on the coarse grid and the
-coefficient averaged over the children. Transfers: cell-centred (bi/tri)linear
-interpolation ``P`` (weights 3/4, 1/4 per axis, boundary conditions through the coarse
-halo) and its scaled adjoint ``R = Pᵀ / 2^d`` as restriction, so that with symmetric
-red–black Gauss–Seidel smoothing (red→black before, black→red after the coarse correction)
-the V-cycle is a symmetric preconditioner for CG.
+Hierarchy: each level halves the axes whose spacing is within a factor 2 of the finest
+spacing (cell-centred coarsening, the coarse cell is the union of ``2^c`` fine cells, ``c``
+the number of halved axes) with the operator rediscretised on the coarse grid and the
+coefficient averaged over the children. On an isotropic grid that halves every axis; on
+an anisotropic one (dx ≪ dy, a thin 3-D box) it is semi-coarsening: only the strongly
+coupled (finely spaced) axes are halved until the spacings are within a factor 2, where a
+point smoother works again (halving every axis keeps the anisotropy on every level, and
+the cycle then stalls). Transfers: cell-centred (bi/tri)linear interpolation ``P``
+(weights 3/4, 1/4 along each halved axis, boundary conditions through the coarse halo)
+and its scaled adjoint ``R = Pᵀ / 2^c`` as restriction, so that with symmetric red–black
+Gauss–Seidel smoothing (red→black before, black→red after the coarse correction) the
+V-cycle is a symmetric preconditioner for CG.
 
 On a decomposed grid the halos come from the neighbours. A level is coarsened on the mesh
 while every local size is even; when a block cannot be halved any more the residual is
@@ -37,11 +42,12 @@ from ._operator import apply_operator, face_coefficients, operator_diagonal
 class Level(NamedTuple):
     grid: Grid  # as seen from one device
     transition: str  # "restrict" | "gather" | "coarsest"
+    halved: tuple[bool, ...] = ()  # "restrict": the axes halved on the way to the next level
 
 
-def _coarse_grid(grid: Grid) -> Grid:
+def _coarse_grid(grid: Grid, halved: Sequence[bool]) -> Grid:
     g = Grid(
-        tuple(n // 2 for n in grid.shape),
+        tuple(n // 2 if c else n for n, c in zip(grid.shape, halved)),
         grid.extent,
         grid.periodic,
         grid.origin,
@@ -58,6 +64,17 @@ def _coarse_grid(grid: Grid) -> Grid:
 COARSE_TARGET = 256
 
 
+#: Axes with a spacing below this factor times the finest spacing are halved together.
+ANISOTROPY_FACTOR = 2.0
+
+
+def axes_to_halve(grid: Grid) -> tuple[bool, ...]:
+    """The finely spaced axes: those within ``ANISOTROPY_FACTOR`` of the finest spacing
+    (every axis of an isotropic grid)."""
+    h_min = min(grid.spacing)
+    return tuple(h < ANISOTROPY_FACTOR * h_min * (1 - 1e-12) for h in grid.spacing)
+
+
 def build_hierarchy(grid: Grid, max_coarse: int) -> tuple[Level, ...] | None:
     """Levels from ``grid`` (possibly decomposed) down to a directly solvable one.
 
@@ -66,18 +83,22 @@ def build_hierarchy(grid: Grid, max_coarse: int) -> tuple[Level, ...] | None:
     levels = []
     g = grid
     while True:
-        halvable = all(n % 2 == 0 and n >= 4 for n in g.shape) and g.size > COARSE_TARGET
+        halved = axes_to_halve(g)
+        halvable = (
+            all(n % 2 == 0 and n >= 4 for n, c in zip(g.shape, halved) if c)
+            and g.size > COARSE_TARGET
+        )
         if g.is_sharded:
-            if halvable and all(n % 2 == 0 for n in g.local_shape):
-                levels.append(Level(g, "restrict"))
-                g = _coarse_grid(g)
+            if halvable and all(n % 2 == 0 for n, c in zip(g.local_shape, halved) if c):
+                levels.append(Level(g, "restrict", halved))
+                g = _coarse_grid(g, halved)
             else:
                 levels.append(Level(g, "gather"))
                 g = g.unsharded()
             continue
         if halvable:
-            levels.append(Level(g, "restrict"))
-            g = _coarse_grid(g)
+            levels.append(Level(g, "restrict", halved))
+            g = _coarse_grid(g, halved)
             continue
         if g.size > max_coarse:
             return None
@@ -123,11 +144,17 @@ def local_block(x: jax.Array, grid: Grid) -> jax.Array:
     return x
 
 
-def prolong(ec: jax.Array, coarse: Grid, parity: Sequence[int]) -> jax.Array:
-    """Cell-centred linear interpolation from ``coarse`` to the grid twice as fine."""
+def prolong(
+    ec: jax.Array, coarse: Grid, parity: Sequence[int], halved: Sequence[bool]
+) -> jax.Array:
+    """Cell-centred linear interpolation from ``coarse`` to the grid twice as fine along
+    the ``halved`` axes (the same along the others)."""
     d = coarse.ndim
     x = fill_halo(ec, coarse, parity=tuple(parity), width=1)
+    x = x[tuple(slice(None) if c else slice(1, -1) for c in halved)]
     for axis in range(d):
+        if not halved[axis]:
+            continue
         n = x.shape[axis] - 2
         mid = lax.slice_in_dim(x, 1, n + 1, axis=axis)
         lo = lax.slice_in_dim(x, 0, n, axis=axis)
@@ -141,18 +168,21 @@ def prolong(ec: jax.Array, coarse: Grid, parity: Sequence[int]) -> jax.Array:
     return x
 
 
-def restrict(r: jax.Array, coarse: Grid, parity: Sequence[int]) -> jax.Array:
-    """Adjoint of [`prolong`][] divided by ``2^d`` (full weighting for cell centres)."""
+def restrict(
+    r: jax.Array, coarse: Grid, parity: Sequence[int], halved: Sequence[bool]
+) -> jax.Array:
+    """Adjoint of [`prolong`][] divided by ``2^c``, ``c`` halved axes (full weighting for
+    cell centres)."""
     shape = jax.ShapeDtypeStruct(coarse.local_shape, r.dtype)
-    (rc,) = jax.linear_transpose(lambda e: prolong(e, coarse, parity), shape)(r)
-    return rc / 2**coarse.ndim
+    (rc,) = jax.linear_transpose(lambda e: prolong(e, coarse, parity, halved), shape)(r)
+    return rc / 2 ** sum(halved)
 
 
-def average_children(a: jax.Array) -> jax.Array:
-    """Mean over the ``2^d`` fine cells of each coarse cell."""
+def average_children(a: jax.Array, halved: Sequence[bool]) -> jax.Array:
+    """Mean over the ``2^c`` fine cells of each coarse cell."""
     shape = []
-    for n in a.shape:
-        shape += [n // 2, 2]
+    for n, c in zip(a.shape, halved):
+        shape += [n // 2, 2] if c else [n, 1]
     return a.reshape(shape).mean(axis=tuple(range(1, 2 * a.ndim, 2)))
 
 
@@ -211,7 +241,7 @@ def prepare(
             reds.append(None)
         if a is not None:
             if level.transition == "restrict":
-                a = average_children(a)
+                a = average_children(a, level.halved)
             elif level.transition == "gather":
                 a = gather(a, g)
     if coarse_inverse is None:
@@ -271,12 +301,13 @@ class Multigrid:
         if level.transition == "gather":
             return local_block(self.vcycle(k + 1, gather(f, level.grid), fcycle), level.grid)
         coarse = self.levels[k + 1].grid
+        halved = level.halved
         u = self._smooth(k, jnp.zeros_like(f), f, self.pre, reverse=False)
-        rc = restrict(f - self.apply(k, u), coarse, self.parity)
+        rc = restrict(f - self.apply(k, u), coarse, self.parity, halved)
         ec = self.vcycle(k + 1, rc, fcycle)
         if fcycle:
             ec = ec + self.vcycle(k + 1, rc - self.apply(k + 1, ec), False)
-        u = u + prolong(ec, coarse, self.parity)
+        u = u + prolong(ec, coarse, self.parity, halved)
         return self._smooth(k, u, f, self.post, reverse=True)
 
     def __call__(self, r: jax.Array) -> jax.Array:
@@ -309,6 +340,24 @@ def _stalled(dnorm, unorm, dtype):
     return dnorm <= STALL_ULPS * jnp.finfo(dtype).eps * unorm
 
 
+def _keep_going(rnorm, tol, dnorm, unorm, k, max_iterations, dtype):
+    """Loop condition shared by both iterations; a non-finite residual (a diverged cycle,
+    NaN in the data) ends the loop at once."""
+    return (
+        (rnorm > tol)
+        & jnp.isfinite(rnorm)
+        & ~_stalled(dnorm, unorm, dtype)
+        & (k < max_iterations)
+    )
+
+
+def _converged(rnorm, tol, unorm, dtype, anorm):
+    """Within the tolerance plus the round-off of ``u``; never with a non-finite residual
+    or solution (``inf ≤ inf`` would otherwise pass)."""
+    finite = jnp.isfinite(rnorm) & jnp.isfinite(unorm)
+    return finite & (rnorm <= tol + _round_off(unorm, dtype, anorm))
+
+
 def multigrid_iterate(
     matvec, precondition, f, grid: Grid, singular: bool, rtol, atol, max_iterations, anorm
 ):
@@ -321,7 +370,7 @@ def multigrid_iterate(
 
     def cond(state):
         _, _, rnorm, dnorm, unorm, k = state
-        return (rnorm > tol) & ~_stalled(dnorm, unorm, f.dtype) & (k < max_iterations)
+        return _keep_going(rnorm, tol, dnorm, unorm, k, max_iterations, f.dtype)
 
     def body(state):
         u_old, r, _, _, _, k = state
@@ -338,7 +387,7 @@ def multigrid_iterate(
     state = (u0, f, fnorm, inf, jnp.zeros_like(fnorm), jnp.asarray(0))
     u, _, rnorm, _, unorm, k = lax.while_loop(cond, body, state)
     rel = rnorm / jnp.where(fnorm > 0, fnorm, 1)
-    return u, IterativeInfo(k, rel, rnorm <= tol + _round_off(unorm, f.dtype, anorm))
+    return u, IterativeInfo(k, rel, _converged(rnorm, tol, unorm, f.dtype, anorm))
 
 
 def conjugate_gradient(
@@ -363,7 +412,7 @@ def conjugate_gradient(
     # the cycle); the first pass has beta = 0.
     def cond(state):
         *_, rnorm, dnorm, xnorm, k = state
-        return (rnorm > tol) & ~_stalled(dnorm, xnorm, f.dtype) & (k < max_iterations)
+        return _keep_going(rnorm, tol, dnorm, xnorm, k, max_iterations, f.dtype)
 
     def body(state):
         x, r, p, rz_old, _, _, _, k = state
@@ -390,4 +439,4 @@ def conjugate_gradient(
     rnorm = jnp.sqrt(global_dot(r, r, grid))
     xnorm = jnp.sqrt(global_dot(x, x, grid))
     rel = rnorm / jnp.where(fnorm > 0, fnorm, 1)
-    return x, IterativeInfo(k, rel, rnorm <= tol + _round_off(xnorm, f.dtype, anorm))
+    return x, IterativeInfo(k, rel, _converged(rnorm, tol, xnorm, f.dtype, anorm))

@@ -170,6 +170,20 @@ def _wall_slice(ndim: int, axis: int, index: int) -> tuple:
     return tuple(index if a == axis else slice(None) for a in range(ndim))
 
 
+def _wall_coefficient(a: jax.Array, axis: int, side: int) -> jax.Array:
+    """``a`` on a wall, extrapolated from the two nearest cells linearly in ``log a``:
+    ``a₀^{3/2} a₁^{-1/2}``, second-order accurate and positive. (The first cell's value
+    alone is an O(h) error in the flux ``a q`` a Neumann wall carries, which made a
+    variable-coefficient solve with inhomogeneous Neumann values first-order accurate.)"""
+    d = a.ndim
+    n = a.shape[axis]
+    a0 = a[_wall_slice(d, axis, side)]
+    if n < 2:
+        return a0
+    a1 = a[_wall_slice(d, axis, 1 if side == 0 else n - 2)]
+    return a0 * jnp.sqrt(a0 / a1)
+
+
 def fold_boundary_values(
     f: jax.Array,
     grid: Grid,
@@ -187,7 +201,10 @@ def fold_boundary_values(
     - Dirichlet: ``f_0 ← f_0 - 2 a g_low / h²`` and ``f_{n-1} ← f_{n-1} - 2 a g_high / h²``;
     - Neumann: ``f_0 ← f_0 + a q_low / h`` and ``f_{n-1} ← f_{n-1} - a q_high / h``,
 
-    where ``a`` is the coefficient of the adjacent cell (1 for the Laplacian).
+    where ``a`` is the coefficient of the adjacent cell for Dirichlet values (as in the
+    operator's wall face) and, for Neumann values, the coefficient on the wall itself
+    (extrapolated from the two nearest cells, linearly in ``log a``): the wall flux
+    ``a q`` then has second-order accuracy. ``a = 1`` for the Laplacian.
 
     **Arguments:**
 
@@ -239,10 +256,11 @@ def fold_boundary_values(
                     f"shape {wall_shape}, got shape {value.shape}"
                 )
             sl = _wall_slice(d, axis, side)
-            a = 1.0 if coefficient is None else coefficient[sl]
             if kind == "dirichlet":
+                a = 1.0 if coefficient is None else coefficient[sl]
                 delta = -2.0 * a * value / h**2
             else:
+                a = 1.0 if coefficient is None else _wall_coefficient(coefficient, axis, side)
                 delta = (a * value / h) if side == 0 else (-a * value / h)
             f = f.at[sl].add(jnp.broadcast_to(delta, wall_shape).astype(f.dtype))
     return f

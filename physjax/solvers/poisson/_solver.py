@@ -40,7 +40,8 @@ class PoissonSolution(eqx.Module):
     - `residual_norm`: ``‖f - A u‖₂ / ‖f‖₂`` of the homogeneous problem (after folding
       boundary values into ``f``); 0 when ``f = 0``.
     - `iterations`: V-cycles (``multigrid``) or CG iterations (``cg``); 0 for ``spectral``.
-    - `converged`: whether the tolerance was met (always true for ``spectral``).
+    - `converged`: whether the tolerance was met, with a finite residual (for ``spectral``
+      false only when the result is not finite: NaN or Inf in ``f``).
     """
 
     u: Field
@@ -146,6 +147,12 @@ class PoissonSolver(eqx.Module):
             raise ValueError(f"grid must be a physjax.grids.Grid, got {type(grid).__name__}")
         if grid.is_sharded:
             raise ValueError("grid must be undecomposed; pass the device layout as mesh=")
+        if grid.dtype == "float64" and not jax.config.jax_enable_x64:
+            raise ValueError(
+                "grid.dtype is float64 but jax_enable_x64 is off (arrays would silently be "
+                "float32): call jax.config.update('jax_enable_x64', True) first, or use a "
+                "float32 grid"
+            )
         self.bc = normalise_bc(bc, grid)
         if method == "auto":
             method = "spectral" if coefficient is None else "cg"
@@ -167,7 +174,10 @@ class PoissonSolver(eqx.Module):
             or max_iterations < 1
         ):
             raise ValueError(f"max_iterations must be a positive integer, got {max_iterations!r}")
-        smoothing = tuple(int(s) for s in smoothing)
+        try:
+            smoothing = tuple(int(s) for s in smoothing)
+        except (TypeError, ValueError):
+            smoothing = (-1,)  # reported below
         if len(smoothing) != 2 or min(smoothing) < 0 or sum(smoothing) < 1:
             raise ValueError(
                 f"smoothing must be two sweep counts (before, after), ≥ 0 and not both 0, "
@@ -195,6 +205,8 @@ class PoissonSolver(eqx.Module):
                     "coefficient is not supported by method='spectral' (its eigenbasis needs "
                     "a constant coefficient); use method='cg' or 'multigrid'"
                 )
+            if jnp.iscomplexobj(coefficient):
+                raise ValueError("coefficient must be real (and > 0), got a complex array")
             coefficient = jnp.asarray(coefficient, grid.dtype)
             if coefficient.shape != grid.shape:
                 raise ValueError(
@@ -232,8 +244,9 @@ class PoissonSolver(eqx.Module):
             levels = mg.build_hierarchy(local, max_coarse)
             if levels is None:
                 raise ValueError(
-                    f"multigrid cannot coarsen grid.shape={grid.shape}: halving every axis "
-                    f"while all sizes stay even does not reach a level of ≤ max_coarse="
+                    f"multigrid cannot coarsen grid.shape={grid.shape}: halving the finely "
+                    f"spaced axes (every axis of an isotropic grid) while their sizes stay "
+                    f"even does not reach a level of ≤ max_coarse="
                     f"{max_coarse} cells; use sizes c·2^k with a small c (e.g. 96, 128, 160) "
                     f"or method='spectral'"
                 )
@@ -261,9 +274,11 @@ class PoissonSolver(eqx.Module):
                 f"({' '.join(self.grid.axis_names)}), "
                 f"got {f.shape}; use jax.vmap for batches"
             )
-        if not jnp.issubdtype(f.dtype, jnp.floating):
-            f = f.astype(self.grid.dtype)
-        return f
+        if jnp.issubdtype(f.dtype, jnp.complexfloating):
+            raise ValueError(f"{name} must be real, got dtype {f.dtype}")
+        # The grid's precision is the solve's: a float32 f on a float64 grid is solved in
+        # float64 (and to float64 tolerances), not silently in float32.
+        return f.astype(self.grid.dtype) if f.dtype != self.grid.dtype else f
 
     def rhs(self, f, boundary_values: Mapping[str, Any] | None = None) -> jax.Array:
         """The right-hand side of the homogeneous problem (boundary values folded in)."""
@@ -287,6 +302,8 @@ class PoissonSolver(eqx.Module):
         "boundary fluxes) must vanish; subtract it or pass compatibility='project'"
     )
 
+    _NOT_FINITE = "f contains NaN or Inf values (after folding in any boundary values)"
+
     @staticmethod
     def _mean_tolerance(f: jax.Array) -> float:
         """|mean| allowed, relative to max |f|: round-off of a sum of ``f.size`` terms."""
@@ -298,9 +315,12 @@ class PoissonSolver(eqx.Module):
         tol = PoissonSolver._mean_tolerance(f)
         if is_concrete(mean):
             mean, scale = (float(v) for v in jax.device_get((mean, scale)))  # one fetch
+            if not np.isfinite(scale):
+                raise ValueError(self._NOT_FINITE)
             if abs(mean) > tol * scale:
                 raise ValueError(f"{self._INCOMPATIBLE} (mean {mean:.3g}, max |f| {scale:.3g})")
             return x
+        x = eqx.error_if(x, ~jnp.isfinite(scale), self._NOT_FINITE)
         return eqx.error_if(x, jnp.abs(mean) > tol * scale, self._INCOMPATIBLE)
 
     def _compatible(self, f: jax.Array, prechecked: bool = False, project: bool = True):
@@ -349,17 +369,25 @@ class PoissonSolver(eqx.Module):
         def solve_fn(_matvec, b):
             if self.singular:
                 b = mg.remove_mean(b, fine)
-            return iterate(
+            # Iterate on b / 2^e, 2^e ~ max|b|: the norms are square roots of sums of
+            # squares, which underflow or overflow for data far from 1 (|f| ~ 1e-20 in
+            # float32, 1e±170 in float64) and would then stop the loop at once with u = 0.
+            # A power of two scales exactly: the u returned has the residual reported.
+            top = mg.global_max(jnp.abs(b), fine)
+            _, exponent = jnp.frexp(jnp.where((top > 0) & jnp.isfinite(top), top, 1))
+            scale = jnp.ldexp(jnp.ones((), b.dtype), exponent)
+            u, info = iterate(
                 matvec,
                 cycle,
-                b,
+                b / scale,
                 fine,
                 self.singular,
                 self.rtol,
-                self.atol,
+                self.atol / scale,
                 self.max_iterations,
                 anorm,
             )
+            return u * scale, info
 
         u, info = lax.custom_linear_solve(matvec, f, solve_fn, symmetric=True, has_aux=True)
         return u, info
@@ -415,7 +443,16 @@ class PoissonSolver(eqx.Module):
         """
         return _dispatch(self, f, boundary_values, _solve_fast, PoissonSolver._solve_jit)
 
-    def _solve_core(self, f, boundary_values, prechecked, residual: bool):
+    def _not_converged_message(self) -> str:
+        return (
+            f"the {self.method} Poisson solve did not converge within max_iterations="
+            f"{self.max_iterations} to rtol={self.rtol:g} (or its residual is not finite: "
+            "NaN/Inf in f, or a diverging multigrid cycle); raise max_iterations or the "
+            "tolerance, check the inputs and the coefficient (strongly varying coefficients: "
+            "method='cg'), or pass throw=False and read .converged from .solve"
+        )
+
+    def _solve_core(self, f, boundary_values, prechecked, residual: bool, in_graph: bool):
         b = self.rhs(f, boundary_values)
         # Checked alongside a one-device spectral solve: the mean is the transform's zero
         # mode, so only max |f| costs a pass of its own.
@@ -437,25 +474,19 @@ class PoissonSolver(eqx.Module):
             u, info = self._run(b, self.coefficient)
         if self.method == "spectral":
             if residual:
-                r = b - self.operator(u)
-                bn = jnp.sqrt(jnp.sum(b * b))
-                rel = jnp.sqrt(jnp.sum(r * r)) / jnp.where(bn > 0, bn, 1)
-                info = mg.IterativeInfo(info.iterations, rel, info.converged)
-        elif self.throw:
-            u = eqx.error_if(
-                u,
-                ~info.converged,
-                f"the {self.method} Poisson solve did not converge within max_iterations="
-                f"{self.max_iterations} to rtol={self.rtol:g}; raise max_iterations or the "
-                "tolerance, check the coefficient, or pass throw=False and read .converged "
-                "from .solve",
-            )
+                rel = _relative_norm(b - self.operator(u), b)
+                # NaN or Inf in f (or overflow) is the one way a direct solve fails
+                info = mg.IterativeInfo(info.iterations, rel, jnp.isfinite(rel))
+        elif self.throw and in_graph:
+            # (called eagerly, the caller checks ``converged`` in Python and raises there)
+            u = eqx.error_if(u, ~info.converged, self._not_converged_message())
         return u, info, stats
 
     @eqx.filter_jit
-    def _solve_jit(self, f, boundary_values, prechecked=False):
-        u, info, stats = self._solve_core(f, boundary_values, prechecked, residual=True)
-        return PoissonSolution(u, info.residual_norm, info.iterations, info.converged), stats
+    def _solve_jit(self, f, boundary_values, prechecked=False, in_graph=True):
+        u, info, stats = self._solve_core(f, boundary_values, prechecked, True, in_graph)
+        sol = PoissonSolution(u, info.residual_norm, info.iterations, info.converged)
+        return sol, info.converged, stats
 
     def __call__(self, f: Field, boundary_values: Mapping[str, Any] | None = None) -> Field:
         """The solution ``u`` of the grid's shape (see [`solve`][] for diagnostics)."""
@@ -467,9 +498,9 @@ class PoissonSolver(eqx.Module):
         return out if stats is None else PoissonSolver._require_compatible(self, out, *stats, f)
 
     @eqx.filter_jit
-    def _call_jit(self, f, boundary_values, prechecked=False):
-        u, _, stats = self._solve_core(f, boundary_values, prechecked, residual=False)
-        return u, stats
+    def _call_jit(self, f, boundary_values, prechecked=False, in_graph=True):
+        u, info, stats = self._solve_core(f, boundary_values, prechecked, False, in_graph)
+        return u, info.converged, stats
 
 
 def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general):
@@ -482,27 +513,43 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general):
     cls = type(solver)
     f = cls._check_field(solver, f, "f")
     prechecked = cls._precheck(solver, f, boundary_values)
+    # Called eagerly (nothing traced), a solve that does not converge raises here, in
+    # Python, with the solver's own message; inside a transformation through eqx.error_if.
+    eager = all(is_concrete(x) for x in jax.tree.leaves((solver, f, boundary_values)))
     if boundary_values is None:
-        out, stats = fast(solver, f, prechecked)
+        out, converged, stats = fast(solver, f, prechecked, not eager)
     else:
-        out, stats = general(solver, f, boundary_values, prechecked)
-    return cls._checked(solver, out, stats, f)
+        out, converged, stats = general(solver, f, boundary_values, prechecked, not eager)
+    out = cls._checked(solver, out, stats, f)
+    if eager and solver.throw and solver.method != "spectral" and not bool(converged):
+        raise RuntimeError(cls._not_converged_message(solver))
+    return out
 
 
 # Without boundary values every leaf of the solver is an array, so plain ``jax.jit`` can take
 # the solver itself as an argument (its static fields go into the cache key): ~0.3 ms less
 # Python per call than ``eqx.filter_jit``, which the calls with boundary values (Python
 # numbers among them, kept static) still use.
-@functools.partial(jax.jit, static_argnames=("prechecked",))
-def _call_fast(solver: PoissonSolver, f, prechecked):
-    u, _, stats = solver._solve_core(f, None, prechecked, residual=False)
-    return u, stats
+@functools.partial(jax.jit, static_argnames=("prechecked", "in_graph"))
+def _call_fast(solver: PoissonSolver, f, prechecked, in_graph):
+    u, info, stats = solver._solve_core(f, None, prechecked, False, in_graph)
+    return u, info.converged, stats
 
 
-@functools.partial(jax.jit, static_argnames=("prechecked",))
-def _solve_fast(solver: PoissonSolver, f, prechecked):
-    u, info, stats = solver._solve_core(f, None, prechecked, residual=True)
-    return PoissonSolution(u, info.residual_norm, info.iterations, info.converged), stats
+@functools.partial(jax.jit, static_argnames=("prechecked", "in_graph"))
+def _solve_fast(solver: PoissonSolver, f, prechecked, in_graph):
+    u, info, stats = solver._solve_core(f, None, prechecked, True, in_graph)
+    sol = PoissonSolution(u, info.residual_norm, info.iterations, info.converged)
+    return sol, info.converged, stats
+
+
+def _relative_norm(r, b):
+    """``‖r‖₂ / ‖b‖₂`` (0 when ``b = 0``), computed on ``r, b`` scaled by ``max |b|`` so
+    that the sums of squares neither underflow nor overflow."""
+    m = jnp.max(jnp.abs(b))
+    m = jnp.where((m > 0) & jnp.isfinite(m), m, 1)
+    bn = jnp.sqrt(jnp.sum(jnp.square(b / m)))
+    return jnp.sqrt(jnp.sum(jnp.square(r / m))) / jnp.where(bn > 0, bn, 1)
 
 
 @jax.jit
