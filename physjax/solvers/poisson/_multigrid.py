@@ -344,10 +344,7 @@ def _keep_going(rnorm, tol, dnorm, unorm, k, max_iterations, dtype):
     """Loop condition shared by both iterations; a non-finite residual (a diverged cycle,
     NaN in the data) ends the loop at once."""
     return (
-        (rnorm > tol)
-        & jnp.isfinite(rnorm)
-        & ~_stalled(dnorm, unorm, dtype)
-        & (k < max_iterations)
+        (rnorm > tol) & jnp.isfinite(rnorm) & ~_stalled(dnorm, unorm, dtype) & (k < max_iterations)
     )
 
 
