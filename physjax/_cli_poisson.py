@@ -363,7 +363,7 @@ def manufactured(case: str, grid) -> tuple[np.ndarray, np.ndarray, np.ndarray | 
 # ----------------------------------------------------------------------------------- run
 def run(args) -> int:
     """Run the ``poisson`` subcommand (exit code 0, or 1 if the solve did not converge)."""
-    from .cli import _check_plot_path, setup_jax
+    from .cli import _check_plot_path, _write_plot, setup_jax
 
     s = resolve(args)
     setup_jax(s["precision"], s["devices"])
@@ -439,7 +439,7 @@ def run(args) -> int:
                 )
     from .io import check_writable
 
-    check_writable(output)
+    check_writable(output, "--output")
     _check_plot_path(s.get("plot"))
 
     import jax
@@ -591,10 +591,8 @@ def run(args) -> int:
             **summary,
         )
     if s.get("plot"):
-        from ._plot import plot_panels
-
         panels = ["u", "residual"] + (["error"] if exact is not None else ["f"])
-        plot_panels(output, s["plot"], names=panels)
+        _write_plot(output, s["plot"], names=panels)
     what = f"poisson {method}: "
     if method != "spectral":
         what += f"{iterations} iteration{'s' if iterations != 1 else ''}, "

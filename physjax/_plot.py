@@ -36,10 +36,24 @@ def plot_panels(
     import matplotlib.pyplot as plt
     import xarray as xr
 
-    with xr.open_dataset(os.fspath(path), engine="h5netcdf") as ds:
-        if "time" in ds.dims and ds.sizes["time"] == 0:
-            raise ValueError(f"{os.fspath(path)!r} holds no frame to plot")
-        sel = ds.isel(time=frame) if "time" in ds.dims else ds
+    try:
+        opened = xr.open_dataset(os.fspath(path), engine="h5netcdf")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"cannot read {os.fspath(path)!r} as a NetCDF4/HDF5 file: {e}") from None
+    with opened as ds:
+        if "time" in ds.dims:
+            # Only whole frames: a running file may hold one being written.
+            n = min(int(ds.attrs.get("n_frames", ds.sizes["time"])), ds.sizes["time"])
+            if n == 0:
+                raise ValueError(f"{os.fspath(path)!r} holds no frame to plot")
+            if not -n <= frame < n:
+                raise ValueError(
+                    f"--frame {frame} is out of range: {os.fspath(path)!r} has {n} frame"
+                    f"{'s' if n != 1 else ''} (0 to {n - 1}, or -1 for the last)"
+                )
+            sel = ds.isel(time=frame % n)
+        else:
+            sel = ds
         panels = []
         if names is not None:
             missing = [n for n in names if n not in sel]

@@ -31,6 +31,18 @@ def _all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack(leaves))
 
 
+class RunInterrupted(RuntimeError):
+    """A run stopped on request (Ctrl-C) between frames. ``step`` and ``frames_written`` count
+    what the file holds: the frame being written when a second interrupt struck is not
+    counted."""
+
+    def __init__(self, step: int, time: float, frames_written: int, note: str = ""):
+        self.step = step
+        self.time = time
+        self.frames_written = frames_written
+        super().__init__(f"interrupted at step {step}, t = {time:.6g} s{note}")
+
+
 def drive(
     advance: Callable[[Any, float, int], Any],
     state: Any,
@@ -42,6 +54,7 @@ def drive(
     on_frame: Callable[[Any, float, int], None],
     progress: Any | None = None,
     max_frames: int | None = None,
+    stop: Callable[[], bool] | None = None,
 ) -> tuple[Any, int, int]:
     """Advance from step ``step0`` to ``n_steps`` in chunks of ``save_every`` steps.
 
@@ -49,25 +62,32 @@ def drive(
     starts at ``t0 = step * dt`` exactly as in an uninterrupted run, so a resumed run repeats
     its arithmetic bit for bit. After each chunk ``on_frame(state, t, step)`` writes the
     frame. A non-finite state is traced back step by step from the last good frame and raises
-    [`SimulationBlewUp`][]. Returns ``(state, step, frames_written)``.
+    [`SimulationBlewUp`][]. When ``stop()`` turns true (checked between frames), or a
+    ``KeyboardInterrupt`` arrives, the run ends with [`RunInterrupted`][] naming the last
+    frame written. Returns ``(state, step, frames_written)``.
     """
     step = step0
     frames = 0
-    while step < n_steps:
-        if max_frames is not None and frames >= max_frames:
-            break
-        n = min(save_every, n_steps - step)
-        new = advance(state, step * dt, n)
-        if not bool(_all_finite(new)):
-            bad = _locate_blowup(advance, state, step, n, dt)
-            raise SimulationBlewUp(bad, bad * dt, frames)
-        state = new
-        step += n
-        on_frame(state, step * dt, step)
-        frames += 1
-        if progress is not None:
-            progress.update(n)
-            progress.set_postfix_str(f"t={_format_time(step * dt)}", refresh=False)
+    try:
+        while step < n_steps:
+            if stop is not None and stop():
+                raise RunInterrupted(step, step * dt, frames)
+            if max_frames is not None and frames >= max_frames:
+                break
+            n = min(save_every, n_steps - step)
+            new = advance(state, step * dt, n)
+            if not bool(_all_finite(new)):
+                bad = _locate_blowup(advance, state, step, n, dt)
+                raise SimulationBlewUp(bad, bad * dt, frames)
+            on_frame(new, (step + n) * dt, step + n)
+            state = new
+            step += n
+            frames += 1
+            if progress is not None:
+                progress.update(n)
+                progress.set_postfix_str(f"t={_format_time(step * dt)}", refresh=False)
+    except KeyboardInterrupt:
+        raise RunInterrupted(step, step * dt, frames) from None
     return state, step, frames
 
 

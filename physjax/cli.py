@@ -12,7 +12,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shlex
+import signal
 import sys
+import threading
 import tomllib
 from typing import Any
 
@@ -33,7 +36,61 @@ RUN_KEYS = (
     "output",
     "plot",
     "cfl_check",
+    "no_cfl_check",
+    "max_frames",
+    "quiet",
 )
+
+#: The type of each setting a config file may hold ("number": an int or a float, not a bool).
+SETTING_TYPES = {
+    "case": "string",
+    "nx": "integer",
+    "ny": "integer",
+    "nz": "integer",
+    "n": "integer",
+    "t_end": "number",
+    "dt": "number",
+    "cfl": "number",
+    "save_every": "integer",
+    "precision": "string",
+    "devices": "devices",
+    "output": "string",
+    "plot": "string",
+    "cfl_check": "boolean",
+    "no_cfl_check": "boolean",
+    "max_frames": "integer",
+    "quiet": "boolean",
+}
+_TYPE_WORDS = {
+    "string": "a string",
+    "integer": "an integer",
+    "number": "a number (an integer or a float)",
+    "boolean": "true or false",
+    "devices": 'a count like 4, or a layout like "2x2" or [2, 2]',
+}
+
+#: Settings that exclude each other: given together in one place they are refused; one on the
+#: command line overrides the other from the config file.
+EXCLUSIVE = (("dt", "cfl"),)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _has_type(value, kind: str) -> bool:
+    if kind == "string":
+        return isinstance(value, str)
+    if kind == "integer":
+        return _is_int(value)
+    if kind == "number":
+        return _is_int(value) or isinstance(value, float)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    # devices
+    if isinstance(value, list):
+        return bool(value) and all(_is_int(v) for v in value)
+    return _is_int(value) or isinstance(value, str)
 
 
 # ----------------------------------------------------------------------------- config
@@ -56,6 +113,13 @@ def load_config(path: str, allowed: tuple[str, ...] = RUN_KEYS) -> dict[str, Any
     params = raw.get("parameters", {})
     if not isinstance(params, dict):
         raise ValueError(f"--config: 'parameters' in {path!r} must be a table [parameters]")
+    for key, value in raw.items():
+        kind = SETTING_TYPES.get(key)
+        if kind is not None and not _has_type(value, kind):
+            raise ValueError(
+                f"--config: {key} in {path!r} must be {_TYPE_WORDS[kind]}, got {value!r} "
+                f"({type(value).__name__})"
+            )
     return raw
 
 
@@ -64,6 +128,19 @@ def resolve_settings(args: argparse.Namespace, keys: tuple[str, ...] = RUN_KEYS)
     settings: dict[str, Any] = {"parameters": {}}
     if getattr(args, "config", None):
         settings.update(load_config(args.config, keys))
+    for pair in EXCLUSIVE:
+        given = [k for k in pair if getattr(args, k, None) is not None]
+        if len(given) == 2 or (not given and all(k in settings for k in pair)):
+            a, b = (f"--{k.replace('_', '-')}" for k in pair)
+            where = "on the command line" if given else f"in --config {args.config!r}"
+            raise ValueError(
+                f"{a} and {b} exclude each other ({a} fixes the step, {b} chooses it as a "
+                f"fraction of the stability limit): give one of them, not both {where}"
+            )
+        for key in given:  # one on the command line overrides the other from the config
+            for other in pair:
+                if other != key:
+                    settings.pop(other, None)
     for key in keys:
         value = getattr(args, key, None)
         if value is not None:
@@ -73,6 +150,7 @@ def resolve_settings(args: argparse.Namespace, keys: tuple[str, ...] = RUN_KEYS)
     # --n sets nx and ny unless those are given themselves (command line before config).
     n = settings.pop("n", None)
     if n is not None:
+        n = _positive_number("--n", n, integer=True)
         for key in ("nx", "ny"):
             if getattr(args, key, None) is None and (args.n is not None or key not in settings):
                 settings[key] = n
@@ -81,13 +159,38 @@ def resolve_settings(args: argparse.Namespace, keys: tuple[str, ...] = RUN_KEYS)
 
 def _parse_devices(text: str) -> int | tuple[int, ...]:
     try:
-        if "x" in text:
-            return tuple(int(p) for p in text.lower().split("x"))
-        return int(text)
+        if "x" in text.lower():
+            value = tuple(int(p) for p in text.lower().split("x"))
+        else:
+            value = int(text)
     except ValueError:
+        value = None
+    parts = value if isinstance(value, tuple) else (value,)
+    if value is None or any(p < 1 for p in parts):
         raise argparse.ArgumentTypeError(
-            f"--devices takes a count like 4 or a layout like 2x2, got {text!r}"
-        ) from None
+            f"--devices takes a count like 4 or a layout like 2x2 of positive integers, "
+            f"got {text!r}"
+        )
+    return value
+
+
+def _devices_setting(value) -> int | tuple[int, ...]:
+    """``--devices`` from the command line or a config file (``4``, ``"2x2"``, ``[2, 2]``):
+    a positive count or a layout of positive counts."""
+    if value is None:
+        return 1
+    if isinstance(value, str):
+        try:
+            return _parse_devices(value)
+        except argparse.ArgumentTypeError as e:
+            raise ValueError(str(e)) from None
+    parts = value if isinstance(value, (list, tuple)) else (value,)
+    if not parts or not all(_is_int(p) and p >= 1 for p in parts):
+        raise ValueError(
+            f"--devices takes a count like 4 or a layout like 2x2 of positive integers, "
+            f"got {value!r}"
+        )
+    return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
 def _parse_param(text: str) -> tuple[str, Any]:
@@ -106,8 +209,9 @@ def setup_jax(precision: str, devices) -> None:
     jax initialises its backend."""
     if precision not in ("float32", "float64"):
         raise ValueError(f"--precision must be float32 or float64, got {precision!r}")
-    n = math.prod(devices) if isinstance(devices, (tuple, list)) else int(devices or 1)
-    if n < 1:
+    n = math.prod(devices) if isinstance(devices, (tuple, list)) else devices
+    n = 1 if n is None else n
+    if not _is_int(n) or n < 1:
         raise ValueError(f"--devices must be a positive count or layout, got {devices!r}")
     flags = os.environ.get("XLA_FLAGS", "")
     if n > 1 and "xla_force_host_platform_device_count" not in flags:
@@ -127,14 +231,62 @@ def _positive_number(name: str, value, integer: bool = False):
     return int(value) if integer else float(value)
 
 
-def _check_plot_path(path: str | None) -> None:
+def _check_plot_path(path: str | None, option: str = "--plot") -> None:
     if path is None:
         return
     from .io import check_writable
 
     if not path.lower().endswith(".png"):
-        raise ValueError(f"--plot must name a .png file, got {path!r}")
-    check_writable(path)
+        raise ValueError(f"{option} must name a .png file, got {path!r}")
+    check_writable(path, option)
+
+
+def _write_plot(path: str, plot: str, option: str = "--plot", **kwargs) -> None:
+    """Draw the quick-look PNG; a write that fails despite the check names the option."""
+    from ._plot import plot_panels
+
+    try:
+        plot_panels(path, plot, **kwargs)
+    except OSError as e:
+        raise ValueError(f"{option} {plot!r} could not be written: {e}") from None
+
+
+class _StopRequest:
+    """While active (in the main thread), a first Ctrl-C (SIGINT) only asks the run to stop
+    at the next frame boundary, so that it never lands inside a write; a second one raises
+    ``KeyboardInterrupt`` at once. Calling the object tells whether a stop was asked for."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+        self._installed = False
+
+    def __call__(self) -> bool:
+        return self.requested
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(
+            "\nstopping after the frame in hand (Ctrl-C again to stop at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc):
+        if self._installed:
+            previous = self._previous
+            signal.signal(
+                signal.SIGINT, signal.default_int_handler if previous is None else previous
+            )
+        return False
 
 
 def add_run_options(p: argparse.ArgumentParser, cases: list[str], default_case: str) -> None:
@@ -188,7 +340,7 @@ def add_run_options(p: argparse.ArgumentParser, cases: list[str], default_case: 
         default=None,
         help="run even if --dt exceeds the estimated stability limit",
     )
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", default=None, help="no progress bar")
 
 
 # ----------------------------------------------------------------------- shallow water
@@ -205,23 +357,35 @@ def _sw_variables():
     ]
 
 
+#: Settings given with ``--resume`` that may differ from the stored run.
+_RESUME_FREE = ("output", "plot", "parameters", "max_frames", "quiet")
+
+
 def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dict) -> None:
     """A run continues with the configuration stored in its file: a setting given with
-    ``--resume`` (other than ``--output``/``--plot``) must not differ from it."""
+    ``--resume`` (other than ``--output``, ``--plot``, ``--max-frames``, ``--quiet``) must not
+    differ from it. A ``--dt`` is compared with the one asked for when the run began."""
 
     def same(a, b):
         norm = lambda v: list(v) if isinstance(v, (tuple, list)) else v  # noqa: E731
         return norm(a) == norm(b)
 
     for key, value in given.items():
-        if key in ("output", "plot", "parameters") or value is None:
+        if key in _RESUME_FREE or value is None:
             continue
-        if key not in stored or not same(value, stored[key]):
-            option = "--" + key.replace("_", "-")
-            was = f"the stored {stored[key]!r}" if key in stored else "a stored dt"
+        was = stored.get(key)
+        if key == "dt" and stored.get("dt_requested") is not None:
+            was = stored["dt_requested"]
+        if key not in stored or not same(value, was):
+            if key == "cfl_check":
+                option = "--no-cfl-check" if not value else "a CFL check"
+                was = "the stored run, which checked dt" if was else "the stored --no-cfl-check"
+            else:
+                option = f"--{key.replace('_', '-')} {value!r}"
+                was = f"the stored {was!r}" if key in stored else "a stored dt"
             raise ValueError(
                 f"--resume continues {output!r} with the configuration stored in it; "
-                f"{option} {value!r} differs from {was} (leave it out, or start a new run)"
+                f"{option} differs from {was} (leave it out, or start a new run)"
             )
     stored_params = {**defaults, **(stored.get("parameters") or {})}
     for key, value in (given.get("parameters") or {}).items():
@@ -233,55 +397,63 @@ def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dic
             )
 
 
+def _steps(t_end: float, dt: float) -> tuple[int, float]:
+    """Steps to reach ``t_end`` with a step of at most ``dt``, and the step that lands the last
+    frame exactly on ``t_end``: ``dt`` itself when it divides ``t_end`` (to 1e-9), else
+    ``t_end / n`` with ``n = ceil(t_end / dt)``."""
+    n = max(1, math.ceil(t_end / dt - 1e-9))
+    if abs(n * dt - t_end) <= 1e-9 * t_end:
+        return n, dt
+    return n, t_end / n
+
+
 def run_shallow_water(
     settings: dict,
     *,
     resume: bool = False,
     max_frames: int | None = None,
     quiet: bool = False,
-    out=sys.stdout,
+    out=None,
 ) -> dict:
     """Run a shallow-water case from resolved settings; returns a summary dict.
 
     All settings are validated, the case built and ``dt`` checked before the output file is
-    created or anything compiled.
+    created or anything compiled. A Ctrl-C stops the run between frames: the file keeps its
+    whole frames and the status ``interrupted: …``, and [`physjax._runner.RunInterrupted`][]
+    is raised.
     """
-    from .io import NetCDFWriter, read_attrs, read_frame
+    from .io import STATUS_INTERRUPTED, NetCDFWriter, check_writable, read_attrs, read_frame
     from .solvers.shallow_water import CASES
 
+    out = sys.stdout if out is None else out
+    if max_frames is not None:
+        max_frames = _positive_number("--max-frames", max_frames, integer=True)
     output = settings.get("output")
     if resume:
         if not output:
             raise ValueError("--resume needs --output naming the file to continue")
         attrs = read_attrs(output)
-        if attrs.get("status") == "complete":
-            print(f"{output} is already complete; nothing to resume", file=out)
-            return {"output": output, "frames": attrs["n_frames"], "resumed": False}
         stored = attrs.get("configuration")
         if not isinstance(stored, dict) or stored.get("command") != "shallow-water":
             raise ValueError(f"--resume: {output!r} was not written by physjax shallow-water")
         case = CASES.get(stored.get("case"))
         _check_resume_settings(settings, stored, output, case.defaults if case else {})
+        if attrs.get("status") == "complete":
+            print(f"{output} is already complete; nothing to resume", file=out)
+            return {"output": output, "frames": attrs["n_frames"], "resumed": False}
         settings = {**stored, "output": output, "plot": settings.get("plot") or stored.get("plot")}
 
     case_name = settings.get("case") or "geostrophic-adjustment"
     if case_name not in CASES:
         raise ValueError(f"--case: unknown case {case_name!r}; choose one of {', '.join(CASES)}")
     precision = settings.get("precision") or "float32"
-    devices = settings.get("devices") or 1
-    if isinstance(devices, str):  # from a config file: "4" or "2x2"
-        try:
-            devices = _parse_devices(devices)
-        except argparse.ArgumentTypeError as e:
-            raise ValueError(str(e)) from None
-    if isinstance(devices, list):
-        devices = tuple(devices)
+    devices = _devices_setting(settings.get("devices"))
     setup_jax(precision, devices)
 
     import jax
 
-    from ._runner import SimulationBlewUp, drive, to_numpy
-    from .parallel import decompose, make_mesh, shard
+    from ._runner import RunInterrupted, SimulationBlewUp, drive, to_numpy
+    from .parallel import make_mesh, shard
     from .solvers.shallow_water import make_case
 
     kw = {}
@@ -300,11 +472,12 @@ def run_shallow_water(
     )
     cfl_check = settings.get("cfl_check")
     cfl_check = True if cfl_check is None else bool(cfl_check)
+    dt_requested = None
     if settings.get("dt") is not None:
-        dt = _positive_number("--dt", settings["dt"])
+        dt_requested = _positive_number("--dt", settings["dt"])
         if cfl_check:
-            model.check_dt(state, dt)
-        n_steps = max(1, math.ceil(t_end / dt - 1e-9))
+            model.check_dt(state, dt_requested)
+        n_steps, dt = _steps(t_end, dt_requested)
     else:
         cfl = 0.5 if settings.get("cfl") is None else _positive_number("--cfl", settings["cfl"])
         if cfl > 1:
@@ -313,6 +486,8 @@ def run_shallow_water(
             )
         n_steps = max(1, math.ceil(t_end / model.max_stable_dt(state, cfl)))
         dt = t_end / n_steps
+    if resume and settings.get("dt_requested") is not None:
+        dt_requested = settings["dt_requested"]
     save_every = settings.get("save_every")
     save_every = (
         max(1, n_steps // 20)
@@ -324,9 +499,10 @@ def run_shallow_water(
     if devices != 1:
         n_dev = math.prod(devices) if isinstance(devices, (tuple, list)) else int(devices)
         mesh = make_mesh(tuple(devices) if isinstance(devices, (tuple, list)) else n_dev, ndim=2)
-        decompose(grid, mesh)  # raises if the mesh does not divide the grid
+        model.check_mesh(mesh)  # the mesh divides the grid, walls keep 2 cells per device
 
     output = output or f"{case_name}.h5"
+    check_writable(output, "--output")
     plot = settings.get("plot")
     _check_plot_path(plot)
     resolved = {
@@ -336,6 +512,7 @@ def run_shallow_water(
         "ny": grid.shape[0],
         "t_end": t_end,
         "dt": dt,
+        "dt_requested": dt_requested,
         "n_steps": n_steps,
         "save_every": save_every,
         "precision": precision,
@@ -360,82 +537,98 @@ def run_shallow_water(
             "zeta": to_numpy(diagnose(state)),
         }
 
-    if resume:
-        writer = NetCDFWriter.reopen(output, grid, variables)
-        last = read_frame(output)
-        state = model.initial_state(last["h"], last["u"], last["v"])
-        step0 = int(last["step"])
-        frames_before = read_attrs(output)["n_frames"]
-    else:
-        from .io import check_writable
-
-        check_writable(output)
-        writer = NetCDFWriter(
-            output,
-            grid,
-            variables,
-            attrs={
-                "title": f"physjax shallow-water: {case.description}",
-                "case": case_name,
-                "parameters": case.parameters,
-                "configuration": resolved,
-            },
-        )
-        writer.write_static(
-            {"bottom": np.zeros(grid.shape) if model.bottom is None else to_numpy(model.bottom)}
-        )
-        writer.append(0.0, 0, fields_of(state))
-        step0 = 0
-        frames_before = 1
-    if mesh is not None:
-        state = shard(state, grid, mesh)
-
-    def advance(s, t0, n):
-        return model.advance(s, t0=t0, dt=dt, n_steps=n, mesh=mesh)
-
     from tqdm import tqdm
 
-    bar = tqdm(
-        total=n_steps,
-        initial=step0,
-        unit="step",
-        desc=f"shallow-water {case_name}",
-        disable=quiet,
-        file=sys.stderr,
-        dynamic_ncols=True,
-    )
-    try:
-        state, step, frames = drive(
-            advance,
-            state,
-            dt=dt,
-            step0=step0,
-            n_steps=n_steps,
-            save_every=save_every,
-            on_frame=lambda s, t, k: writer.append(t, k, fields_of(s)),
-            progress=bar,
-            max_frames=max_frames,
+    with _StopRequest() as stop:
+        if resume:
+            writer = NetCDFWriter.reopen(output, grid, variables)
+            last = read_frame(output)
+            state = model.initial_state(last["h"], last["u"], last["v"])
+            step0 = int(last["step"])
+            frames_before = read_attrs(output)["n_frames"]
+        else:
+            writer = NetCDFWriter(
+                output,
+                grid,
+                variables,
+                attrs={
+                    "title": f"physjax shallow-water: {case.description}",
+                    "case": case_name,
+                    "parameters": case.parameters,
+                    "configuration": resolved,
+                },
+            )
+            writer.write_static(
+                {"bottom": np.zeros(grid.shape) if model.bottom is None else to_numpy(model.bottom)}
+            )
+            writer.append(0.0, 0, fields_of(state))
+            step0 = 0
+            frames_before = 1
+        if mesh is not None:
+            state = shard(state, grid, mesh)
+
+        def advance(s, t0, n):
+            return model.advance(s, t0=t0, dt=dt, n_steps=n, mesh=mesh)
+
+        bar = tqdm(
+            total=n_steps,
+            initial=step0,
+            unit="step",
+            desc=f"shallow-water {case_name}",
+            disable=quiet,
+            file=sys.stderr,
+            dynamic_ncols=True,
         )
-    except SimulationBlewUp as e:
+        try:
+            state, step, frames = drive(
+                advance,
+                state,
+                dt=dt,
+                step0=step0,
+                n_steps=n_steps,
+                save_every=save_every,
+                on_frame=lambda s, t, k: writer.append(t, k, fields_of(s)),
+                progress=bar,
+                max_frames=max_frames,
+                stop=stop,
+            )
+        except SimulationBlewUp as e:
+            bar.close()
+            writer.finish(f"failed: NaN/Inf at step {e.step}, t = {e.time:.6g} s")
+            e.frames_written += frames_before
+            raise SimulationBlewUp(e.step, e.time, e.frames_written) from None
+        except RunInterrupted:
+            bar.close()
+            # The file is the record: its last whole frame (a frame cut short is dropped).
+            step = int(read_frame(output)["step"])
+            writer.finish(f"{STATUS_INTERRUPTED}: at step {step}, t = {step * dt:.6g} s")
+            frames = read_attrs(output)["n_frames"]
+            command = f"physjax shallow-water --output {shlex.quote(output)} --resume"
+            raise RunInterrupted(
+                step,
+                step * dt,
+                frames,
+                f"; {output} keeps {frames} whole frame{'s' if frames != 1 else ''} "
+                f"({n_steps - step} of {n_steps} steps to go); continue with: {command}",
+            ) from None
         bar.close()
-        writer.finish(f"failed: NaN/Inf at step {e.step}, t = {e.time:.6g} s")
-        e.frames_written += frames_before
-        raise SimulationBlewUp(e.step, e.time, e.frames_written) from None
-    bar.close()
     total_frames = frames_before + frames
     done = step >= n_steps
     if done:
         writer.finish()
     if plot:
-        from ._plot import plot_panels
-
-        plot_panels(output, plot)
+        _write_plot(output, plot)
     note = "" if done else f" (stopped at step {step}/{n_steps}; continue with --resume)"
+    if dt_requested is not None and dt != dt_requested:
+        note += (
+            f"; --dt {dt_requested:g} s was lowered to {dt:.6g} s so that the last frame "
+            f"lands on --t-end {t_end:g} s"
+        )
     plot_note = f" and {plot}" if plot else ""
     print(
         f"wrote {total_frames} frame{'s' if total_frames != 1 else ''} of {case_name} "
         f"(t = {step * dt:.6g} s, {step} step{'s' if step != 1 else ''} of "
-        f"dt = {dt:.4g} s) to {output}{plot_note}{note}",
+        f"dt = {dt:.6g} s) to {output}{plot_note}{note}",
         file=out,
     )
     return {
@@ -451,18 +644,23 @@ def run_shallow_water(
 
 def _cmd_shallow_water(args) -> int:
     settings = resolve_settings(args)
-    run_shallow_water(settings, resume=args.resume, max_frames=args.max_frames, quiet=args.quiet)
+    no_check = settings.pop("no_cfl_check", None)
+    if no_check is not None and args.cfl_check is None:  # from the config file
+        if settings.get("cfl_check") is not None and settings["cfl_check"] == no_check:
+            raise ValueError("--config: cfl_check and no_cfl_check contradict each other")
+        settings["cfl_check"] = not no_check
+    max_frames = settings.pop("max_frames", None)
+    quiet = bool(settings.pop("quiet", None))
+    run_shallow_water(settings, resume=args.resume, max_frames=max_frames, quiet=quiet)
     return 0
 
 
 def _cmd_plot(args) -> int:
-    from ._plot import plot_panels
-
     if not os.path.isfile(args.file):
         raise ValueError(f"file {args.file!r} does not exist")
     out = args.output or os.path.splitext(args.file)[0] + ".png"
-    _check_plot_path(out)
-    plot_panels(args.file, out, frame=args.frame)
+    _check_plot_path(out, "--output" if args.output else "the default output")
+    _write_plot(args.file, out, "--output", frame=args.frame)
     print(f"wrote {out}")
     return 0
 
@@ -508,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     from ._memory import tune_cpu_allocator
-    from ._runner import SimulationBlewUp
+    from ._runner import RunInterrupted, SimulationBlewUp
 
     tune_cpu_allocator()  # reuse large freed buffers; PHYSJAX_NO_ALLOCATOR_TUNING=1 to skip
 
@@ -520,6 +718,12 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError) as e:
         print(f"physjax {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except RunInterrupted as e:
+        print(f"physjax {args.command}: {e}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        print(f"physjax {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

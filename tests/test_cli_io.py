@@ -1,8 +1,10 @@
 """The physjax command and its NetCDF4 output: format, resume, blow-up, bad input."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import h5py
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 import xarray as xr
 
 from physjax.cli import main
+from physjax.io import NetCDFWriter
 
 FAST = ["--case", "gravity-wave", "--n", "16", "--t-end", "7200", "--save-every", "10", "--quiet"]
 
@@ -39,6 +42,19 @@ def test_output_file_format(tmp_path):
             assert ds[name].attrs.get("long_name"), name
         assert ds["x_f"].attrs["c_grid_axis_shift"] == -0.5
         assert ds["x"].attrs["axis"] == "X"
+        # SGRID: nodes (corners) at the low faces x_f, as many cells x, the extra cell beyond
+        # the last stored node: padding "high" (xgcm: x_f left of x, shift -0.5)
+        topo = ds["grid"].attrs
+        assert topo["cf_role"] == "grid_topology" and topo["topology_dimension"] == 2
+        assert topo["node_dimensions"] == "x_f y_f"
+        assert topo["face_dimensions"] == "x: x_f (padding: high) y: y_f (padding: high)"
+        assert topo["face_coordinates"] == "x y" and topo["node_coordinates"] == "x_f y_f"
+        dx = float(ds["x"][1] - ds["x"][0])
+        assert ds.sizes["x"] == ds.sizes["x_f"] and float(ds["x_f"][0]) == 0.0
+        np.testing.assert_allclose(ds["x"].values - ds["x_f"].values, dx / 2, rtol=1e-12)
+        locations = {name: ds[name].attrs["location"] for name in ("h", "u", "v", "zeta")}
+        assert locations == {"h": "face", "u": "edge1", "v": "edge2", "zeta": "node"}
+        assert all(ds[name].attrs["grid"] == "grid" for name in locations)
         n = ds.sizes["time"]
         assert ds["step"].values[0] == 0 and ds["time"].values[0] == 0.0
         np.testing.assert_allclose(ds["time"].values[-1], 7200.0, rtol=1e-12)
@@ -292,3 +308,172 @@ def test_resume_refuses_settings_that_differ_from_the_stored_run(tmp_path, capsy
     assert code == 0
     with h5py.File(out, "r") as f:
         assert f.attrs["status"] == "complete" and f["time"].shape[0] > frames
+
+
+def test_dt_that_does_not_divide_t_end_lands_on_it(tmp_path, capsys):
+    args = ["--case", "gravity-wave", "--n", "16", "--t-end", "1000", "--dt", "300", "--quiet"]
+    full, part = tmp_path / "full.h5", tmp_path / "part.h5"
+    assert main(["shallow-water", *args, "--output", str(full)]) == 0
+    assert "--dt 300 s was lowered to 250 s" in capsys.readouterr().out
+    with xr.open_dataset(full) as ds:
+        assert list(ds["time"].values) == [0.0, 250.0, 500.0, 750.0, 1000.0]
+        assert '"dt": 250.0' in ds.attrs["configuration"]
+        assert '"dt_requested": 300.0' in ds.attrs["configuration"]
+    # the same command resumed (--dt 300 is what the run asked for) gives the same bits
+    assert main(["shallow-water", *args, "--output", str(part), "--max-frames", "2"]) == 0
+    assert main(["shallow-water", *args, "--output", str(part), "--resume"]) == 0
+    with xr.open_dataset(full) as a, xr.open_dataset(part) as b:
+        assert b.attrs["status"] == "complete"
+        for name in ("h", "u", "v", "zeta", "time", "step"):
+            assert np.array_equal(a[name].values, b[name].values), name
+    # a dt that divides t_end is kept as given
+    capsys.readouterr()
+    dividing = [*args[:-3], "--dt", "250", "--output", str(tmp_path / "d.h5")]
+    assert main(["shallow-water", *dividing]) == 0
+    assert "lowered" not in capsys.readouterr().out
+
+
+INTERRUPT_ARGS = [*FAST, "--save-every", "2", "--precision", "float64"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ref") / "full.h5"
+    assert main(["shallow-water", *INTERRUPT_ARGS, "--output", str(out)]) == 0
+    with xr.open_dataset(out) as ds:
+        return ds.load()
+
+
+def _main_catching_interrupt(argv):
+    """main(argv), with a KeyboardInterrupt that escapes it turned into a failing value."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        return "KeyboardInterrupt escaped"
+
+
+def _assert_resume_completes_like(out, reference):
+    assert main(["shallow-water", "--output", str(out), "--resume", "--quiet"]) == 0
+    with xr.open_dataset(out) as b:
+        assert b.attrs["status"] == "complete"
+        assert b.sizes["time"] == reference.sizes["time"]
+        for name in ("h", "u", "v", "zeta", "time", "step"):
+            assert np.array_equal(reference[name].values, b[name].values), name
+
+
+def test_ctrl_c_stops_between_frames_and_resume_continues(
+    tmp_path, capsys, monkeypatch, uninterrupted
+):
+    original = NetCDFWriter.append
+
+    def append_then_ctrl_c(self, time, step, fields):
+        n = original(self, time, step, fields)
+        if n == 3:
+            signal.raise_signal(signal.SIGINT)  # as from a terminal's Ctrl-C
+        return n
+
+    monkeypatch.setattr(NetCDFWriter, "append", append_then_ctrl_c)
+    out = tmp_path / "i.h5"
+    code = _main_catching_interrupt(["shallow-water", *INTERRUPT_ARGS, "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == 130
+    lines = err.strip().splitlines()  # the notice of the first Ctrl-C, then the closing line
+    assert len(lines) == 2 and lines[0].startswith("stopping after the frame in hand")
+    assert "Traceback" not in err
+    assert "interrupted at step 4" in err and f"--output {out} --resume" in err
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "interrupted: at step 4, t = 2400 s"
+        assert f.attrs["n_frames"] == f["time"].shape[0] == 3
+        assert list(f["step"][:]) == [0, 2, 4]
+    monkeypatch.undo()
+    _assert_resume_completes_like(out, uninterrupted)
+
+
+def test_interrupt_inside_an_append_keeps_only_whole_frames(
+    tmp_path, capsys, monkeypatch, uninterrupted
+):
+    original = NetCDFWriter.append
+
+    class CutShort(dict):
+        """The fields of a frame whose writing is interrupted after two variables."""
+
+        def items(self):
+            for i, item in enumerate(super().items()):
+                if i == 2:
+                    raise KeyboardInterrupt
+                yield item
+
+    def append(self, time, step, fields):
+        return original(self, time, step, CutShort(fields) if step == 6 else fields)
+
+    monkeypatch.setattr(NetCDFWriter, "append", append)
+    out = tmp_path / "c.h5"
+    code = _main_catching_interrupt(["shallow-water", *INTERRUPT_ARGS, "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err
+    assert "interrupted at step 4" in err and "keeps 3 whole frames" in err
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"].startswith("interrupted: at step 4")
+        assert f.attrs["n_frames"] == f["time"].shape[0] == 3
+        assert all(np.abs(f[name][-1]).max() > 0 for name in ("h", "u", "v", "zeta"))
+    monkeypatch.undo()
+    _assert_resume_completes_like(out, uninterrupted)
+
+
+def test_sigint_to_a_running_command_exits_130_with_one_line(tmp_path):
+    out = tmp_path / "s.h5"
+    run = [sys.executable, "-m", "physjax.cli", "shallow-water", "--case", "gravity-wave"]
+    run += ["--n", "16", "--t-end", "1e8", "--save-every", "1", "--quiet", "--output", str(out)]
+    proc = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+            try:
+                with h5py.File(out, "r", locking=False) as f:
+                    if f.attrs.get("n_frames", 0) >= 3:
+                        break
+            except OSError:  # not there yet, or in the middle of a write
+                pass
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, stderr
+    lines = stderr.strip().splitlines()
+    assert "Traceback" not in stderr and len(lines) == 2
+    assert lines[0].startswith("stopping after the frame in hand")
+    assert "interrupted at step" in stderr and "--resume" in stderr
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"].startswith("interrupted: at step")
+        assert f.attrs["n_frames"] == f["time"].shape[0] >= 3
+        assert f["step"][-1] == f["time"].shape[0] - 1
+
+
+def test_a_reader_holding_the_file_open_does_not_stop_the_run(tmp_path):
+    out = tmp_path / "live.h5"
+    assert (
+        main(
+            ["shallow-water", *FAST, "--save-every", "2", "--output", str(out), "--max-frames", "1"]
+        )
+        == 0
+    )
+    hold = (
+        "import sys, xarray as xr; ds = xr.open_dataset(sys.argv[1]); "
+        "print('open', flush=True); sys.stdin.read()"
+    )
+    reader = subprocess.Popen(
+        [sys.executable, "-c", hold, str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert reader.stdout.readline().strip() == "open"
+        assert main(["shallow-water", "--output", str(out), "--resume", "--quiet"]) == 0
+    finally:
+        reader.communicate("", timeout=60)
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["status"] == "complete"
+        assert ds.sizes["time"] == ds.attrs["n_frames"] > 2

@@ -295,7 +295,7 @@ def rhs_file(tmp_path):
     [
         (["--bc", "wall"], "unknown boundary condition(s) ['wall']"),
         (["--bc", "dirichlet,dirichlet,dirichlet"], "--bc needs one condition or 2"),
-        (["--n", "0"], "--nx must be a positive integer"),
+        (["--n", "0"], "--n must be a positive integer"),
         (["--method", "multigrid", "--n", "97"], "multigrid cannot coarsen"),
         (["--method", "spectral", "--case", "variable-coefficient"], "needs a constant coef"),
         (["--rtol", "2"], "--rtol must be a number in (0, 1)"),

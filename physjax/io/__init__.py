@@ -4,6 +4,9 @@ from ._netcdf import (
     STATUS_COMPLETE as STATUS_COMPLETE,
 )
 from ._netcdf import (
+    STATUS_INTERRUPTED as STATUS_INTERRUPTED,
+)
+from ._netcdf import (
     STATUS_RUNNING as STATUS_RUNNING,
 )
 from ._netcdf import (

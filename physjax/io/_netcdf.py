@@ -9,11 +9,17 @@ Layout of a physjax file:
 - data variables on their own location's dimensions, each with ``units``, ``long_name`` and
   ``location``; a ``step`` variable (time step count of each frame);
 - global attributes: ``title``, ``case``, ``physjax_version``, ``status`` (``"running"``,
-  ``"complete"`` or ``"failed: …"``), ``configuration`` (the full run configuration as JSON)
-  and one ``parameter_<name>`` per physical parameter.
+  ``"complete"``, ``"interrupted: …"`` or ``"failed: …"``), ``n_frames`` (the number of
+  complete frames), ``configuration`` (the full run configuration as JSON) and one
+  ``parameter_<name>`` per physical parameter.
 
 Every frame is written by opening, appending and closing the file, so a crash or a kill
-between frames leaves a valid file holding every frame written so far.
+between frames leaves a valid file holding every frame written so far. A frame counts once
+all its variables are written: ``n_frames`` is raised last, and a trailing frame beyond it
+(from a process stopped inside an append) is dropped when the file is reopened or finished.
+The writer takes HDF5's file lock while it writes; when a reader holds the file open (say an
+``xarray.open_dataset`` of a running output, whose lock would make the append fail), it
+writes without the lock from then on, so that looking at a running file never stops the run.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from ..grids import Grid, Stagger
 
 STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"
+STATUS_INTERRUPTED = "interrupted"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,17 +73,29 @@ def _attr_value(v: Any) -> Any:
     return json.dumps(v, default=str)
 
 
-def check_writable(path: str | os.PathLike) -> None:
-    """Raise ``ValueError`` if ``path`` cannot be created (missing or read-only folder, or a
-    folder in its place), without creating anything."""
+def check_writable(path: str | os.PathLike, what: str = "output path") -> None:
+    """Raise ``ValueError`` (naming ``what``, e.g. ``"--output"``) if ``path`` cannot be
+    written: a missing folder, a folder in its place, or a place that refuses the file.
+
+    The test is real: a new file is created and removed again, an existing one opened for
+    appending (and left unchanged), since permission bits say nothing for root and places
+    like ``/proc`` or ``/sys`` refuse files whatever their bits say."""
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        raise ValueError(f"output path {path!r} is a directory; give a file name like out.h5")
+        raise ValueError(f"{what} {path!r} is a directory; give a file name like out.h5")
     if not os.path.isdir(folder):
-        raise ValueError(f"output path {path!r}: folder {folder!r} does not exist")
-    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
-        raise ValueError(f"output path {path!r} is not writable")
+        raise ValueError(f"{what} {path!r}: folder {folder!r} does not exist")
+    try:
+        if os.path.exists(path):
+            with open(path, "ab"):
+                pass
+        else:
+            with open(path, "xb"):
+                pass
+            os.remove(path)
+    except OSError as e:
+        raise ValueError(f"{what} {path!r} is not writable: {e.strerror or e}") from None
 
 
 class NetCDFWriter:
@@ -103,15 +122,40 @@ class NetCDFWriter:
         self.path = os.fspath(path)
         self.grid = grid
         self.variables = {v.name: v for v in variables}
+        self._locking = True
         if _create:
             check_writable(self.path)
             self._create(dict(attrs or {}))
 
+    def _open(self) -> h5netcdf.File:
+        """The file opened for appending. A reader holding it open blocks HDF5's file lock
+        (``BlockingIOError``); the run must not die of that, so the writer then goes on
+        without the lock."""
+        if self._locking:
+            try:
+                return h5netcdf.File(self.path, "a")
+            except BlockingIOError:
+                self._locking = False
+        return h5netcdf.File(self.path, "a", locking=False)
+
     # ------------------------------------------------------------------ create
     def _create(self, attrs: dict[str, Any]) -> None:
+        # Written under a temporary name and moved into place: an error or an interrupt
+        # while creating leaves neither a half-made file nor the temporary one.
+        tmp = self.path + ".partial"
+        try:
+            self._write_new(tmp, attrs)
+            os.replace(tmp, self.path)
+        except BaseException as e:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+            if isinstance(e, OSError):
+                raise ValueError(f"cannot write {self.path!r}: {e}") from None
+            raise
+
+    def _write_new(self, tmp: str, attrs: dict[str, Any]) -> None:
         g = self.grid
         dtype = np.dtype(g.dtype)
-        tmp = self.path + ".partial"
         with h5netcdf.File(tmp, "w") as f:
             # A file of time-independent fields (a Poisson solve, say) has no time axis.
             has_time = any(v.time_dependent for v in self.variables.values())
@@ -136,16 +180,7 @@ class NetCDFWriter:
                     if stagger == "face":
                         c.attrs["c_grid_axis_shift"] = -0.5
             topo = f.create_variable("grid", (), "i4")
-            names = list(reversed(g.axis_names))  # x, y(, z)
-            topo.attrs.update(
-                cf_role="grid_topology",
-                topology_dimension=g.ndim,
-                long_name="SGRID topology of the Arakawa C-grid",
-                units="1",
-                node_dimensions=" ".join(f"{n}_f" for n in names),
-                face_dimensions=" ".join(f"{n}: {n}_f (padding: none)" for n in names),
-                node_coordinates=" ".join(f"{n}_f" for n in names),
-            )
+            topo.attrs.update(_sgrid_topology(g))
             for v in self.variables.values():
                 vdims = _dims(g, v.location)
                 shape = tuple(g.shape)
@@ -156,7 +191,7 @@ class NetCDFWriter:
                 var.attrs.update(
                     units=v.units,
                     long_name=v.long_name,
-                    location="/".join(v.location),
+                    location=_sgrid_location(g, v.location),
                     grid="grid",
                 )
             f.attrs["title"] = str(attrs.pop("title", "physjax output"))
@@ -172,33 +207,40 @@ class NetCDFWriter:
                 f.attrs["configuration"] = json.dumps(config, default=str, sort_keys=True)
             for key, value in attrs.items():
                 f.attrs[key] = _attr_value(value)
-        os.replace(tmp, self.path)
+            if has_time:
+                f.attrs["n_frames"] = 0
 
     # ------------------------------------------------------------------ append
     def append(self, time: float, step: int, fields: Mapping[str, Any]) -> int:
-        """Append one frame (every time-dependent variable) and return the frame count."""
+        """Append one frame (every time-dependent variable) and return the frame count.
+
+        The frame counts (``n_frames`` is raised) only after all its variables are written;
+        an incomplete frame left by an earlier, interrupted append is overwritten."""
         missing = [n for n, v in self.variables.items() if v.time_dependent and n not in fields]
         if missing:
             raise ValueError(f"frame lacks variables {missing}")
-        with h5netcdf.File(self.path, "a") as f:
-            n = f.dimensions["time"].size
+        with self._open() as f:
+            n = _complete_frames(f)
             f.resize_dimension("time", n + 1)
             f["time"][n] = float(time)
             f["step"][n] = int(step)
             for name, value in fields.items():
                 if name in self.variables and self.variables[name].time_dependent:
                     f[name][n] = np.asarray(value)
+            f.attrs["n_frames"] = n + 1
         return n + 1
 
     def write_static(self, fields: Mapping[str, Any]) -> None:
         """Write the variables that have no time dimension."""
-        with h5netcdf.File(self.path, "a") as f:
+        with self._open() as f:
             for name, value in fields.items():
                 f[name][...] = np.asarray(value)
 
     def finish(self, status: str = STATUS_COMPLETE, **attrs: Any) -> None:
-        """Mark the file ``complete`` (or another status, e.g. ``"failed: …"``)."""
-        with h5netcdf.File(self.path, "a") as f:
+        """Mark the file ``complete`` (or another status, e.g. ``"failed: …"``); a trailing
+        incomplete frame is dropped."""
+        with self._open() as f:
+            _drop_incomplete_frame(f)
             f.attrs["status"] = status
             for key, value in attrs.items():
                 f.attrs[key] = _attr_value(value)
@@ -211,9 +253,65 @@ class NetCDFWriter:
         if not os.path.isfile(path):
             raise ValueError(f"cannot resume: {path!r} does not exist")
         w = cls(path, grid, variables, _create=False)
-        with h5netcdf.File(path, "a") as f:
-            f.attrs["status"] = STATUS_RUNNING
+        try:
+            with w._open() as f:
+                _drop_incomplete_frame(f)
+                f.attrs["status"] = STATUS_RUNNING
+        except OSError as e:
+            raise ValueError(f"cannot resume: {path!r} cannot be opened for writing: {e}") from None
         return w
+
+
+def _complete_frames(f: h5netcdf.File) -> int:
+    """Frames whose every variable is written: the ``n_frames`` attribute (the length of the
+    time axis in files written before it existed)."""
+    size = f.dimensions["time"].size
+    n = f.attrs.get("n_frames")
+    return size if n is None else min(int(n), size)
+
+
+def _drop_incomplete_frame(f: h5netcdf.File) -> None:
+    if "time" in f.dimensions:
+        n = _complete_frames(f)
+        if f.dimensions["time"].size > n:
+            f.resize_dimension("time", n)
+        f.attrs["n_frames"] = n
+
+
+def _sgrid_location(grid: Grid, location: Sequence[Stagger]) -> str:
+    """The SGRID location of a stagger: in 2-D ``face`` (cell centres), ``edge1`` (x-faces),
+    ``edge2`` (y-faces), ``node`` (corners); in 3-D ``volume``, ``face1..3`` (normal to x, y,
+    z), ``edge1..3`` (along x, y, z), ``node``. SGRID numbers the dimensions x, y, z."""
+    number = {"x": 1, "y": 2, "z": 3}
+    faces = [number[n] for n, s in zip(grid.axis_names, location) if s == "face"]
+    centres = [number[n] for n, s in zip(grid.axis_names, location) if s == "centre"]
+    if not faces:
+        return "face" if grid.ndim == 2 else "volume"
+    if not centres:
+        return "node"
+    if grid.ndim == 2:
+        return f"edge{faces[0]}"
+    return f"face{faces[0]}" if len(faces) == 1 else f"edge{centres[0]}"
+
+
+def _sgrid_topology(grid: Grid) -> dict[str, Any]:
+    """SGRID attributes of the ``grid`` variable. Nodes are the cell corners, whose coordinate
+    along each axis is the low face ``x_f``; the cells (``x``) are as many, the last one lying
+    beyond the last stored node: ``padding: high``. (xgcm reads the same layout from
+    ``c_grid_axis_shift = -0.5`` on ``x_f``: the nodes sit to the left of the centres.)"""
+    names = list(reversed(grid.axis_names))  # x, y(, z): SGRID's dimension order
+    cells = " ".join(f"{n}: {n}_f (padding: high)" for n in names)
+    kind = "face" if grid.ndim == 2 else "volume"
+    return {
+        "cf_role": "grid_topology",
+        "topology_dimension": grid.ndim,
+        "long_name": "SGRID topology of the Arakawa C-grid",
+        "units": "1",
+        "node_dimensions": " ".join(f"{n}_f" for n in names),
+        f"{kind}_dimensions": cells,
+        "node_coordinates": " ".join(f"{n}_f" for n in names),
+        f"{kind}_coordinates": " ".join(names),
+    }
 
 
 def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
@@ -222,7 +320,7 @@ def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
     try:
         with h5netcdf.File(path, "r") as f:
             attrs = {k: _decode(v) for k, v in f.attrs.items()}
-            attrs["n_frames"] = f.dimensions["time"].size if "time" in f.dimensions else 0
+            attrs["n_frames"] = _complete_frames(f) if "time" in f.dimensions else 0
     except OSError as e:
         raise ValueError(f"cannot read {path!r} as a NetCDF4/HDF5 file: {e}") from None
     for key in ("configuration", "parameters"):
@@ -240,11 +338,15 @@ def _decode(v):
 
 
 def read_frame(path: str | os.PathLike, index: int = -1) -> dict[str, Any]:
-    """One frame of every time-dependent variable, plus ``time`` and ``step``."""
+    """One complete frame of every time-dependent variable, plus ``time`` and ``step``;
+    ``index`` counts complete frames only (``-1``: the last)."""
     with h5netcdf.File(os.fspath(path), "r") as f:
-        n = f.dimensions["time"].size
+        n = _complete_frames(f)
         if n == 0:
             raise ValueError(f"{os.fspath(path)!r} holds no frame")
+        if not -n <= index < n:
+            raise ValueError(f"frame {index} is out of range: {os.fspath(path)!r} has {n} frames")
+        index %= n
         out = {}
         for name, var in f.variables.items():
             if var.dimensions and var.dimensions[0] == "time":

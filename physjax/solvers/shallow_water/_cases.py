@@ -169,6 +169,25 @@ def _barotropic_instability(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowW
 
 
 # ---------------------------------------------------------------------- gravity wave
+def _check_wave_resolved(grid: Grid, mode_x: int, mode_y: int) -> None:
+    """The wave needs a non-zero wavenumber on the grid: mode_x a multiple of nx together with
+    mode_y a multiple of ny alias to a uniform state, which has no wave to normalise."""
+    ny, nx = grid.shape
+    if mode_x % nx or mode_y % ny:
+        return
+    hints = []
+    for name, m in (("nx", mode_x), ("ny", mode_y)):
+        # the smallest grid size on which mode m is not aliased to zero
+        n = next((n for n in range(2, abs(m) + 2) if m % n), None)
+        if n is not None:
+            hints.append(f"{name} >= {n}")
+    raise ValueError(
+        f"grid size nx={nx}, ny={ny} is too small for the gravity-wave mode (mode_x={mode_x}, "
+        f"mode_y={mode_y}): both wavenumbers alias to zero; it needs "
+        + (" or ".join(hints) if hints else "a non-zero mode_x or mode_y")
+    )
+
+
 def gravity_wave_mode(grid: Grid, *, mean_depth, gravity, coriolis, mode_x, mode_y):
     """Wavenumbers, frequency and complex amplitudes (h, u, v) per unit height amplitude of
     the discrete C-grid Poincaré wave travelling towards +k on ``grid`` (linearised, f-plane).
@@ -191,6 +210,7 @@ def gravity_wave_mode(grid: Grid, *, mean_depth, gravity, coriolis, mode_x, mode
 
 def _gravity_wave(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
     _positive(p, "mean_depth", "gravity")
+    _check_wave_resolved(grid, p["mode_x"], p["mode_y"])
     model = ShallowWater(grid, gravity=p["gravity"], coriolis=p["coriolis"])
     k, l, _, a = gravity_wave_mode(
         grid,
@@ -328,6 +348,23 @@ _PERIODIC = {
 }
 
 
+def _check_type(name: str, value: Any, default: Any) -> None:
+    """A parameter takes the type of its default: a number (int or float, not bool), an
+    integer (not bool) or a string."""
+    integer = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    if isinstance(default, str):
+        ok, kind = isinstance(value, str), "a string"
+    elif isinstance(default, (int, np.integer)) and not isinstance(default, bool):
+        ok, kind = integer, "an integer"
+    else:
+        ok, kind = integer or isinstance(value, (float, np.floating)), "a number"
+    if not ok:
+        raise TypeError(
+            f"parameter {name} must be {kind} (default {default!r}), got {value!r} "
+            f"({type(value).__name__})"
+        )
+
+
 def make_case(
     name: str = "geostrophic-adjustment",
     *,
@@ -357,6 +394,8 @@ def make_case(
             f"unknown parameter(s) {unknown} for case {name!r}; allowed: "
             f"{', '.join(sorted(spec.defaults))}"
         )
+    for key, value in parameters.items():
+        _check_type(key, value, spec.defaults[key])
     if precision not in ("float32", "float64"):
         raise ValueError(f"precision must be 'float32' or 'float64', got {precision!r}")
     if precision == "float64":

@@ -26,12 +26,15 @@ from ...grids import (
     interp_y_c2f,
     interp_y_f2c,
 )
-from ...parallel import shard_map_fields
+from ...parallel import decompose, shard_map_fields
 from .._time_stepping import SCHEMES, advance, integrate, integrate_diffrax, scheme
 from ._blocked import auto_strip_rows, blocked_ssprk3_step, strip_aux
 
 Field2D = Float[Array, "ny nx"]
 Boundary = Literal["free-slip", "no-slip"]
+#: Cells a walled axis needs (on every device of a mesh): the wall's halo mirrors the
+#: face-located velocity of the face after the wall face.
+_MIN_WALLED = 2
 
 
 class ShallowWaterState(eqx.Module):
@@ -156,6 +159,13 @@ class ShallowWater(eqx.Module):
                 )
             if strip_rows and scheme != "ssprk3":
                 raise ValueError(f"strip_rows needs scheme='ssprk3', got scheme={scheme!r}")
+        for axis, name in enumerate(("y", "x")):
+            if not grid.periodic[axis] and grid.shape[axis] < _MIN_WALLED:
+                raise ValueError(
+                    f"grid size n{name}={grid.shape[axis]} is too small: a walled {name} axis "
+                    f"needs n{name} >= {_MIN_WALLED} (the halo mirrors the velocity on the face "
+                    f"next to the wall)"
+                )
         dt = grid.dtype
         for name, value in (("gravity", gravity), ("density", density)):
             if is_concrete(value) and not float(value) > 0:
@@ -423,6 +433,19 @@ class ShallowWater(eqx.Module):
                 f"{dt / limit:.2f} > 1); lower --dt or give --cfl instead"
             )
 
+    def check_mesh(self, mesh: jax.sharding.Mesh) -> None:
+        """Raise ``ValueError`` when ``mesh`` does not divide the grid or leaves a device
+        fewer than 2 cells along a walled axis."""
+        local = decompose(self.grid, mesh)
+        for axis, name in enumerate(("y", "x")):
+            n, m = self.grid.shape[axis], local.mesh_shape[axis]
+            if m > 1 and not self.grid.periodic[axis] and n // m < _MIN_WALLED:
+                raise ValueError(
+                    f"n{name}={n} split {m} ways leaves {n // m} cell(s) per device; a walled "
+                    f"{name} axis needs at least {_MIN_WALLED} per device: use fewer devices "
+                    f"along {name} or n{name} >= {_MIN_WALLED * m}"
+                )
+
     # ----------------------------------------------------------------- running
     def run(
         self,
@@ -443,6 +466,8 @@ class ShallowWater(eqx.Module):
         """
         save_every = n_steps if save_every is None else save_every
         _check_counts(n_steps, save_every)
+        if mesh is not None:
+            self.check_mesh(mesh)
         if is_concrete(state.h) and is_concrete(dt):
             self.check_dt(state, float(dt))
         n_frames = n_steps // save_every
@@ -463,6 +488,8 @@ class ShallowWater(eqx.Module):
         """The state after ``n_steps`` fixed steps from time ``t0`` (compiled once per
         ``n_steps`` and mesh); the building block of chunked runs that write as they go."""
         _check_counts(n_steps, n_steps)
+        if mesh is not None:
+            self.check_mesh(mesh)
         # Times as arrays: filter_jit would treat Python floats as static and recompile.
         t0 = jnp.asarray(t0, self.grid.dtype)
         dt = jnp.asarray(dt, self.grid.dtype)

@@ -1,0 +1,205 @@
+"""Bad settings of the physjax command: a clear message naming the setting, exit status 2,
+and nothing written."""
+
+import json
+import os
+import sys
+
+import h5py
+import numpy as np
+import pytest
+import xarray as xr
+
+from physjax.cli import main
+
+FAST = ["--case", "gravity-wave", "--n", "16", "--t-end", "7200", "--save-every", "10", "--quiet"]
+
+
+def _error(capsys, argv):
+    """Exit status and stderr of ``physjax argv``; argparse's own errors exit by SystemExit."""
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        # the gravity-wave mode (2, 1) aliases to a uniform state on a 1x1 grid
+        (["--case", "gravity-wave", "--n", "1"], "nx >= 3 or ny >= 2"),
+        # a walled axis needs two cells (the halo mirrors the face after the wall face)
+        (["--case", "zonal-jet", "--n", "1"], "ny=1 is too small: a walled y axis needs ny >= 2"),
+        (
+            ["--case", "wind-gyre", "--nx", "1", "--ny", "8"],
+            "nx=1 is too small: a walled x axis needs nx >= 2",
+        ),
+        (
+            ["--case", "wind-gyre", "--nx", "8", "--ny", "4", "--devices", "4x1"],
+            "ny=4 split 4 ways leaves 1 cell(s) per device; a walled y axis needs at least 2",
+        ),
+    ],
+)
+def test_grids_too_small_for_the_case_are_refused_before_any_file(tmp_path, capsys, extra, match):
+    out = tmp_path / "o.h5"
+    code, err = _error(
+        capsys, ["shallow-water", "--t-end", "3600", "--quiet", "--output", str(out), *extra]
+    )
+    assert code == 2
+    assert match in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc and /sys")
+@pytest.mark.parametrize(
+    "option, path",
+    [("--output", "/sys/x.h5"), ("--output", "/proc/x.h5"), ("--plot", "/proc/x.png")],
+)
+def test_places_that_refuse_files_are_found_before_the_run(tmp_path, capsys, option, path):
+    # runs as root too: /proc and /sys refuse new files whatever the permission bits say
+    out = tmp_path / "o.h5"
+    argv = ["shallow-water", *FAST, "--output", str(out), option, path]
+    code, err = _error(capsys, argv)
+    assert code == 2
+    assert f"{option} {path!r} is not writable" in err
+    assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "toml, match",
+    [
+        ('[parameters]\ncoriolis = "abc"\n', "parameter coriolis must be a number"),
+        ('[parameters]\nmode_x = "a"\n', "parameter mode_x must be an integer"),
+        ("[parameters]\nmode_x = 2.5\n", "parameter mode_x must be an integer"),
+        ("[parameters]\nmean_depth = true\n", "parameter mean_depth must be a number"),
+        ("[parameters]\ngravity = true\n", "parameter gravity must be a number"),
+        ("output = 5\n", "output in"),
+        ("plot = 5\n", "plot in"),
+        ("devices = 2.5\n", "devices in"),
+        ("devices = true\n", "devices in"),
+        ("devices = 0\n", "--devices takes a count like 4 or a layout like 2x2"),
+        ("devices = [2, -2]\n", "--devices takes a count like 4 or a layout like 2x2"),
+        ('t_end = "long"\n', "t_end in"),
+        ("nx = 16.0\n", "nx in"),
+        ("quiet = 1\n", "quiet in"),
+        ("dt = 100.0\ncfl = 0.1\n", "--dt and --cfl exclude each other"),
+    ],
+)
+def test_config_values_of_the_wrong_type_name_the_setting(tmp_path, capsys, toml, match):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('case = "gravity-wave"\n' + toml)
+    out = tmp_path / "o.h5"
+    code, err = _error(capsys, ["shallow-water", "--config", str(cfg), "--output", str(out)])
+    assert code == 2
+    assert match in err
+    assert "Traceback" not in err
+    assert not out.exists()
+
+
+def test_wrong_parameter_type_on_the_command_line(tmp_path, capsys):
+    code, err = _error(
+        capsys,
+        ["shallow-water", *FAST, "--output", str(tmp_path / "o.h5"), "--param", "coriolis=abc"],
+    )
+    assert code == 2
+    assert "parameter coriolis must be a number (default 0.0001), got 'abc' (str)" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (["--devices", "0"], "--devices takes a count like 4 or a layout like 2x2 of positive"),
+        (["--devices", "0x2"], "--devices takes a count like 4 or a layout like 2x2 of positive"),
+        (["--max-frames", "0"], "--max-frames must be a positive integer, got 0"),
+        (["--max-frames", "-3"], "--max-frames must be a positive integer, got -3"),
+        (["--dt", "100", "--cfl", "0.1"], "--dt and --cfl exclude each other"),
+    ],
+)
+def test_non_positive_counts_and_conflicting_options(tmp_path, capsys, extra, match):
+    code, err = _error(capsys, ["shallow-water", *FAST, "--output", str(tmp_path / "o.h5"), *extra])
+    assert code == 2
+    assert match in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_dt_on_the_command_line_overrides_cfl_from_the_config(tmp_path):
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("cfl = 0.1\n")
+    out = tmp_path / "o.h5"
+    argv = ["shallow-water", *FAST, "--config", str(cfg), "--dt", "360", "--output", str(out)]
+    assert main(argv) == 0
+    with xr.open_dataset(out) as ds:
+        assert json.loads(ds.attrs["configuration"])["dt"] == 360.0
+
+
+def test_config_takes_quiet_max_frames_and_no_cfl_check(tmp_path, capsys):
+    cfg = tmp_path / "c.toml"
+    # dt = 1800 s is over the CFL limit of this grid (~1200 s): no_cfl_check lets it run
+    cfg.write_text("quiet = true\nmax_frames = 1\nno_cfl_check = true\ndt = 1800.0\n")
+    out = tmp_path / "o.h5"
+    argv = ["shallow-water", *FAST[:-3], "--config", str(cfg), "--output", str(out)]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.err == ""  # quiet: no progress bar
+    assert "stopped at step" in captured.out
+    with h5py.File(out, "r") as f:
+        assert f["time"].shape[0] == 2  # the initial frame and max_frames = 1
+        assert json.loads(f.attrs["configuration"])["cfl_check"] is False
+
+
+def test_resume_of_a_complete_file_still_checks_the_settings(tmp_path, capsys):
+    out = tmp_path / "r.h5"
+    assert main(["shallow-water", *FAST, "--output", str(out)]) == 0
+    before = out.read_bytes()
+    resume = ["shallow-water", "--output", str(out), "--resume", "--quiet"]
+    code, err = _error(capsys, [*resume, "--n", "32"])
+    assert code == 2 and "--nx 32 differs from the stored 16" in err
+    code, err = _error(capsys, [*resume, "--case", "zonal-jet"])
+    assert code == 2 and "--case 'zonal-jet' differs from the stored 'gravity-wave'" in err
+    code, err = _error(capsys, [*resume, "--no-cfl-check"])
+    assert code == 2 and "--no-cfl-check differs from the stored run" in err
+    assert out.read_bytes() == before
+    assert main([*resume, "--case", "gravity-wave"]) == 0
+    assert "already complete; nothing to resume" in capsys.readouterr().out
+
+
+def test_resume_of_a_file_of_another_command_is_refused(tmp_path, capsys):
+    # a finished physjax poisson file: static fields, its own configuration
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import NetCDFWriter, Variable
+
+    out = tmp_path / "p.h5"
+    grid = Grid((8, 8), (1.0, 1.0))
+    writer = NetCDFWriter(
+        out,
+        grid,
+        [Variable("u", CENTRE, "1", "solution", time_dependent=False)],
+        attrs={"title": "physjax poisson", "configuration": {"case": "dirichlet", "method": "cg"}},
+    )
+    writer.write_static({"u": np.zeros(grid.shape)})
+    writer.finish()
+    code, err = _error(capsys, ["shallow-water", "--output", str(out), "--resume"])
+    assert code == 2
+    assert "was not written by physjax shallow-water" in err
+
+
+def test_plot_subcommand_errors(tmp_path, capsys):
+    out = tmp_path / "a.h5"
+    assert main(["shallow-water", *FAST, "--output", str(out)]) == 0
+    with h5py.File(out, "r") as f:
+        frames = f["time"].shape[0]
+    code, err = _error(capsys, ["plot", str(out), "--frame", "999"])
+    assert code == 2 and f"--frame 999 is out of range: {str(out)!r} has {frames} frames" in err
+    text = tmp_path / "notanhdf5.txt"
+    text.write_text("hello\n")
+    code, err = _error(capsys, ["plot", str(text)])
+    assert code == 2 and f"cannot read {str(text)!r} as a NetCDF4/HDF5 file" in err
+    folder = tmp_path / "d.png"
+    folder.mkdir()
+    code, err = _error(capsys, ["plot", str(out), "--output", str(folder)])
+    assert code == 2 and f"--output {str(folder)!r} is a directory" in err
+    assert "Traceback" not in err
+    assert sorted(os.listdir(tmp_path)) == ["a.h5", "d.png", "notanhdf5.txt"]
