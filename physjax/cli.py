@@ -264,6 +264,12 @@ class _StopRequest:
     def __call__(self) -> bool:
         return self.requested
 
+    def shield(self) -> None:
+        """Ignore Ctrl-C from now until the context ends: the few file operations that
+        record an interrupted run must not be cut short themselves."""
+        if self._installed:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+
     def _handle(self, signum, frame):
         if self.requested:
             raise KeyboardInterrupt
@@ -486,8 +492,11 @@ def run_shallow_water(
             )
         n_steps = max(1, math.ceil(t_end / model.max_stable_dt(state, cfl)))
         dt = t_end / n_steps
-    if resume and settings.get("dt_requested") is not None:
-        dt_requested = settings["dt_requested"]
+    if resume and settings.get("n_steps") is not None:
+        # The step and step count the run began with, exactly as stored: files written before
+        # a --dt was lowered to land on --t-end ran ceil(t_end / dt) steps of the dt given.
+        n_steps, dt = int(settings["n_steps"]), float(settings["dt"])
+        dt_requested = settings.get("dt_requested", dt)
     save_every = settings.get("save_every")
     save_every = (
         max(1, n_steps // 20)
@@ -598,6 +607,7 @@ def run_shallow_water(
             e.frames_written += frames_before
             raise SimulationBlewUp(e.step, e.time, e.frames_written) from None
         except RunInterrupted:
+            stop.shield()
             bar.close()
             # The file is the record: its last whole frame (a frame cut short is dropped).
             step = int(read_frame(output)["step"])
@@ -703,10 +713,14 @@ def _version() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    from ._memory import tune_cpu_allocator
-    from ._runner import RunInterrupted, SimulationBlewUp
+    try:  # a Ctrl-C while the parser imports the solvers (a second or so): nothing to keep
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        from ._memory import tune_cpu_allocator
+        from ._runner import RunInterrupted, SimulationBlewUp
+    except KeyboardInterrupt:
+        print("physjax: interrupted", file=sys.stderr)
+        return 130
 
     tune_cpu_allocator()  # reuse large freed buffers; PHYSJAX_NO_ALLOCATOR_TUNING=1 to skip
 

@@ -389,6 +389,63 @@ def test_ctrl_c_stops_between_frames_and_resume_continues(
     _assert_resume_completes_like(out, uninterrupted)
 
 
+def test_second_ctrl_c_while_recording_the_interrupt_is_ignored(
+    tmp_path, capsys, monkeypatch, uninterrupted
+):
+    """The file operations that mark an interrupted run run shielded from Ctrl-C: before, a
+    second Ctrl-C there left the status "running" and no --resume hint."""
+    append, finish = NetCDFWriter.append, NetCDFWriter.finish
+
+    def append_then_ctrl_c(self, time, step, fields):
+        n = append(self, time, step, fields)
+        if n == 3:
+            signal.raise_signal(signal.SIGINT)
+        return n
+
+    def ctrl_c_then_finish(self, *args, **kwargs):
+        signal.raise_signal(signal.SIGINT)  # the impatient second Ctrl-C
+        return finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(NetCDFWriter, "append", append_then_ctrl_c)
+    monkeypatch.setattr(NetCDFWriter, "finish", ctrl_c_then_finish)
+    out = tmp_path / "twice.h5"
+    code = _main_catching_interrupt(["shallow-water", *INTERRUPT_ARGS, "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err
+    assert f"--output {out} --resume" in err
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "interrupted: at step 4, t = 2400 s"
+    monkeypatch.undo()
+    _assert_resume_completes_like(out, uninterrupted)
+
+
+def test_resume_keeps_the_stored_step_count_and_dt(tmp_path, uninterrupted):
+    """A file whose run took ceil(t_end / dt) steps of a dt that does not divide t_end (as
+    files written before dt was lowered to land on t_end do) resumes with exactly that dt
+    and step count; recomputing them switched the step half-way through the run."""
+    import json
+
+    out = tmp_path / "old.h5"
+    assert main(["shallow-water", *INTERRUPT_ARGS, "--max-frames", "2", "--output", str(out)]) == 0
+    with h5py.File(out, "a") as f:
+        config = json.loads(f.attrs["configuration"])
+        config["t_end"] -= 0.4 * config["dt"]  # same step count, no longer a multiple of dt
+        config.pop("dt_requested", None)
+        f.attrs["configuration"] = json.dumps(config)
+    _assert_resume_completes_like(out, uninterrupted)
+
+
+def test_ctrl_c_while_starting_exits_130(capsys, monkeypatch):
+    import physjax.cli as cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_parser", interrupted)
+    assert _main_catching_interrupt(["shallow-water"]) == 130
+    assert capsys.readouterr().err.strip() == "physjax: interrupted"
+
+
 def test_interrupt_inside_an_append_keeps_only_whole_frames(
     tmp_path, capsys, monkeypatch, uninterrupted
 ):

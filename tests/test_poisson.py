@@ -294,6 +294,26 @@ def test_grad_wrt_coefficient_matches_finite_differences(method):
     assert abs(float(jnp.sum(g * v)) - fd) <= 1e-6 * abs(fd)
 
 
+@pytest.mark.multidevice
+def test_grad_wrt_coefficient_on_a_mesh_equals_one_device():
+    """The stopping rule's bound max(a) is a pmax on a mesh, which has no derivative rule:
+    it is taken outside the differentiation (before, jax.grad raised NotImplementedError)."""
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 (simulated) devices")
+    grid = _grid((16, 16), False)
+    rng = np.random.default_rng(7)
+    f, w = (jnp.asarray(rng.normal(size=grid.shape)) for _ in range(2))
+    a0 = jnp.asarray(1 + rng.random(grid.shape))
+
+    def loss(a, mesh):
+        solver = PoissonSolver(grid, "dirichlet", "cg", coefficient=a, mesh=mesh, rtol=1e-13)
+        return jnp.sum(w * solver(f))
+
+    one = jax.grad(loss)(a0, None)
+    many = jax.grad(loss)(a0, make_mesh((2, 2), 2))
+    assert _rel(many, one) <= 1e-10
+
+
 @pytest.mark.parametrize("method", ["spectral", "cg"])
 def test_vmap_equals_loop(method):
     grid = _grid((16, 16), True)

@@ -363,7 +363,8 @@ class PoissonSolver(eqx.Module):
         iterate = mg.conjugate_gradient if self.method == "cg" else mg.multigrid_iterate
 
         # ‖A‖∞ ≤ Σ_axes 4 max(a) / h²: sets the round-off level of the residual
-        a_max = 1.0 if a is None else mg.global_max(a, fine)
+        # (a bound for the stopping rule only: no derivative, and pmax has no JVP rule)
+        a_max = 1.0 if a is None else mg.global_max(lax.stop_gradient(a), fine)
         anorm = a_max * sum(4.0 / h**2 for h in fine.spacing)
 
         def solve_fn(_matvec, b):
