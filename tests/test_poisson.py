@@ -337,6 +337,10 @@ def test_bad_input_errors():
         solve(np.ones((16, 16)), walls, "neumann", "cg")
     with pytest.raises(ValueError, match="multigrid cannot coarsen grid.shape"):
         PoissonSolver(_grid((97, 97), False), "dirichlet", "multigrid")
+    thin = _grid((8, 64, 64), False, (100.0, 1e6, 1e6))  # 8 layers of 12.5 m, dx 15.6 km
+    with pytest.raises(ValueError, match="only the finely spaced axes are halved"):
+        PoissonSolver(thin, "neumann", "cg")
+    assert PoissonSolver(thin, "neumann", "spectral").singular  # the constant-a way out
     with pytest.raises(ValueError, match="coefficient must be finite and > 0"):
         PoissonSolver(walls, "dirichlet", "cg", coefficient=-np.ones((16, 16)))
     with pytest.raises(ValueError, match="coefficient must have the grid's shape"):

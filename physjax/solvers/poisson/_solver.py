@@ -242,6 +242,17 @@ class PoissonSolver(eqx.Module):
         self.coarse_inverse = None
         if method != "spectral":
             levels = mg.build_hierarchy(local, max_coarse)
+            spacing = grid.spacing
+            if levels is None and max(spacing) >= mg.ANISOTROPY_FACTOR * min(spacing):
+                raise ValueError(
+                    f"multigrid cannot coarsen grid.shape={grid.shape} with spacings "
+                    f"{tuple(float(f'{h:.3g}') for h in spacing)}: on an anisotropic grid only "
+                    f"the finely spaced axes are halved (semi-coarsening), and those run out of "
+                    f"cells before a level has ≤ max_coarse={max_coarse} cells (thin layers "
+                    f"would need line relaxation, which this multigrid does not have); use "
+                    f"method='spectral' (constant coefficient), or more cells along the finely "
+                    f"spaced axes"
+                )
             if levels is None:
                 raise ValueError(
                     f"multigrid cannot coarsen grid.shape={grid.shape}: halving the finely "
