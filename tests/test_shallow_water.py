@@ -71,23 +71,31 @@ def test_zonal_jet_stays_steady():
     assert float(jnp.max(jnp.abs(h_bad - 1000.0))) / dh > 1e-3
 
 
-def test_gravity_wave_frequency_matches_discrete_dispersion():
-    grid_n, H, g, f = 32, 100.0, 9.81, 1e-4
+WAVE_H, WAVE_G, WAVE_F = 100.0, 9.81, 1e-4
+
+
+def _gravity_wave(grid_n):
+    """The small (3, 2) gravity wave in float64: model, state, grid and its discrete mode."""
     case = make_case(
         "gravity-wave",
         nx=grid_n,
         ny=grid_n,
         precision="float64",
-        mean_depth=H,
+        mean_depth=WAVE_H,
         amplitude=1e-4,
         mode_x=3,
         mode_y=2,
     )
-    m, s = case.model, case.state
-    grid = m.grid
-    k, l, omega_eig, _ = gravity_wave_mode(
-        grid, mean_depth=H, gravity=g, coriolis=f, mode_x=3, mode_y=2
+    m = case.model
+    mode = gravity_wave_mode(
+        m.grid, mean_depth=WAVE_H, gravity=WAVE_G, coriolis=WAVE_F, mode_x=3, mode_y=2
     )
+    return m, case.state, m.grid, mode
+
+
+def test_gravity_wave_frequency_matches_discrete_dispersion():
+    H, g, f = WAVE_H, WAVE_G, WAVE_F
+    m, s, grid, (k, l, omega_eig, _) = _gravity_wave(32)
     dx, dy = grid.dx, grid.dy
     omega_theory = np.sqrt(
         f**2 * np.cos(k * dx / 2) ** 2 * np.cos(l * dy / 2) ** 2
@@ -109,20 +117,8 @@ def test_gravity_wave_frequency_matches_discrete_dispersion():
 def _wave_error(grid_n, periods=2.0):
     """Relative error of the (3, 2) gravity-wave mode after ``periods`` periods against the
     continuous linear wave, with dt ∝ dx (a fixed CFL number)."""
-    H, g, f = 100.0, 9.81, 1e-4
-    case = make_case(
-        "gravity-wave",
-        nx=grid_n,
-        ny=grid_n,
-        precision="float64",
-        mean_depth=H,
-        amplitude=1e-4,
-        mode_x=3,
-        mode_y=2,
-    )
-    m, s = case.model, case.state
-    grid = m.grid
-    k, l, _, _ = gravity_wave_mode(grid, mean_depth=H, gravity=g, coriolis=f, mode_x=3, mode_y=2)
+    H, g, f = WAVE_H, WAVE_G, WAVE_F
+    m, s, grid, (k, l, _, _) = _gravity_wave(grid_n)
     omega = np.sqrt(f**2 + g * H * (k**2 + l**2))  # the continuous equations
     t_end = periods * 2 * np.pi / omega
     n_steps = int(np.ceil(t_end / (0.2 * grid.dx / np.sqrt(g * H))))
