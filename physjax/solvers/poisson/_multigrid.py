@@ -7,11 +7,15 @@ coefficient averaged over the children. On an isotropic grid that halves every a
 an anisotropic one (dx ≪ dy, a thin 3-D box) it is semi-coarsening: only the strongly
 coupled (finely spaced) axes are halved until the spacings are within a factor 2, where a
 point smoother works again (halving every axis keeps the anisotropy on every level, and
-the cycle then stalls). Transfers: cell-centred (bi/tri)linear interpolation ``P``
-(weights 3/4, 1/4 along each halved axis, boundary conditions through the coarse halo)
-and its scaled adjoint ``R = Pᵀ / 2^c`` as restriction, so that with symmetric red–black
-Gauss–Seidel smoothing (red→black before, black→red after the coarse correction) the
-V-cycle is a symmetric preconditioner for CG.
+the cycle then stalls). When the finely spaced axis runs out of cells first (a thin layer of
+a few cells along an axis far finer than the others), the levels from there on relax whole
+lines along it (zebra line Gauss–Seidel: each line solved exactly, lines coloured red–black
+by their position in the other axes) and halve the other axes. Transfers: cell-centred
+(bi/tri)linear interpolation ``P`` (weights 3/4, 1/4 along each halved axis, boundary
+conditions through the coarse halo) and its scaled adjoint ``R = Pᵀ / 2^c`` as
+restriction, so that with symmetric red–black (point or line) Gauss–Seidel smoothing
+(red→black before, black→red after the coarse correction) the V-cycle is a symmetric
+preconditioner for CG.
 
 On a decomposed grid the halos come from the neighbours. A level is coarsened on the mesh
 while every local size is even; when a block cannot be halved any more the residual is
@@ -43,6 +47,7 @@ class Level(NamedTuple):
     grid: Grid  # as seen from one device
     transition: str  # "restrict" | "gather" | "coarsest"
     halved: tuple[bool, ...] = ()  # "restrict": the axes halved on the way to the next level
+    line: int | None = None  # the axis relaxed by lines (None: point smoothing)
 
 
 def _coarse_grid(grid: Grid, halved: Sequence[bool]) -> Grid:
@@ -75,29 +80,66 @@ def axes_to_halve(grid: Grid) -> tuple[bool, ...]:
     return tuple(h < ANISOTROPY_FACTOR * h_min * (1 - 1e-12) for h in grid.spacing)
 
 
+def _axes_to_halve_except(grid: Grid, line: int) -> tuple[bool, ...]:
+    """Like [`axes_to_halve`][] among the axes other than ``line`` (never halved)."""
+    h_min = min(h for a, h in enumerate(grid.spacing) if a != line)
+    return tuple(
+        a != line and h < ANISOTROPY_FACTOR * h_min * (1 - 1e-12)
+        for a, h in enumerate(grid.spacing)
+    )
+
+
+def line_axis_for(grid: Grid) -> int | None:
+    """The axis to relax by lines once the finely spaced axis cannot be halved any more.
+
+    That is the finest axis when every other axis is at least ``ANISOTROPY_FACTOR`` times
+    coarser (a thin layer), it has walls (the line systems are then tridiagonal, not
+    cyclic) and it is not split across devices. ``None`` when there is no such axis.
+    """
+    spacing = grid.spacing
+    line = min(range(grid.ndim), key=lambda a: spacing[a])
+    others = min(h for a, h in enumerate(spacing) if a != line)
+    if others < ANISOTROPY_FACTOR * spacing[line] * (1 - 1e-12) or grid.periodic[line]:
+        return None
+    if grid.is_sharded and grid.mesh_shape[line] > 1:
+        return None
+    return line
+
+
 def build_hierarchy(grid: Grid, max_coarse: int) -> tuple[Level, ...] | None:
     """Levels from ``grid`` (possibly decomposed) down to a directly solvable one.
+
+    Each level halves the finely spaced axes. When those cannot be halved any more
+    while the level is still too large for the direct solve (a thin layer: a few cells
+    along an axis much finer than the others), that axis is relaxed by lines from there
+    on and the other axes are halved (see [`line_axis_for`][]).
 
     Returns ``None`` when the coarsest reachable level has more than ``max_coarse`` cells.
     """
     levels = []
     g = grid
+    line = None
     while True:
-        halved = axes_to_halve(g)
+        halved = axes_to_halve(g) if line is None else _axes_to_halve_except(g, line)
         halvable = (
-            all(n % 2 == 0 and n >= 4 for n, c in zip(g.shape, halved) if c)
+            any(halved)
+            and all(n % 2 == 0 and n >= 4 for n, c in zip(g.shape, halved) if c)
             and g.size > COARSE_TARGET
         )
+        if not halvable and line is None and g.size > max_coarse:
+            line = line_axis_for(g)
+            if line is not None:
+                continue
         if g.is_sharded:
             if halvable and all(n % 2 == 0 for n, c in zip(g.local_shape, halved) if c):
-                levels.append(Level(g, "restrict", halved))
+                levels.append(Level(g, "restrict", halved, line))
                 g = _coarse_grid(g, halved)
             else:
                 levels.append(Level(g, "gather"))
                 g = g.unsharded()
             continue
         if halvable:
-            levels.append(Level(g, "restrict", halved))
+            levels.append(Level(g, "restrict", halved, line))
             g = _coarse_grid(g, halved)
             continue
         if g.size > max_coarse:
@@ -186,11 +228,14 @@ def average_children(a: jax.Array, halved: Sequence[bool]) -> jax.Array:
     return a.reshape(shape).mean(axis=tuple(range(1, 2 * a.ndim, 2)))
 
 
-def colour_mask(grid: Grid, dtype) -> jax.Array:
-    """1 on "red" cells (even sum of global indices), 0 on "black" ones."""
+def colour_mask(grid: Grid, dtype, skip: int | None = None) -> jax.Array:
+    """1 on "red" cells (even sum of global indices), 0 on "black" ones; with ``skip``
+    the index along that axis is left out (whole lines along it share a colour)."""
     d = grid.ndim
     total = 0
     for axis in range(d):
+        if axis == skip:
+            continue
         shape = [1] * d
         shape[axis] = grid.local_shape[axis]
         total = total + grid.local_index(axis).reshape(shape)
@@ -216,6 +261,67 @@ class MultigridData(NamedTuple):
     diag: tuple  # per level: diagonal (None on gather/coarsest levels)
     red: tuple  # per level: red mask (None on gather/coarsest levels)
     coarse_inverse: jax.Array
+    lines: tuple = ()  # per level: LineFactors on line-relaxed levels, else None
+
+
+class LineFactors(NamedTuple):
+    """Thomas factors of the tridiagonal part of the operator along the line axis (moved
+    first): ``lower[i]`` couples cell ``i`` to ``i - 1``, ``inv[i]`` is the reciprocal of
+    the eliminated diagonal, ``upper[i]`` the eliminated coupling to ``i + 1``."""
+
+    lower: jax.Array
+    inv: jax.Array
+    upper: jax.Array
+
+
+def line_factors(grid: Grid, line: int, faces, diag: jax.Array) -> LineFactors:
+    """Factor, once per solve, the line systems of a line-relaxed level.
+
+    Each line (all cells that differ only in their index along ``line``) carries the
+    operator's couplings along it and its full diagonal, the couplings to the other axes
+    being left to the residual. The diagonal includes the other axes' share, so each system
+    is strictly diagonally dominant and Thomas' elimination needs no pivoting.
+    """
+    n = grid.local_shape[line]
+    inv_h2 = 1.0 / grid.spacing[line] ** 2
+    if faces is None:
+        a_lo = jnp.full_like(diag, inv_h2)
+        a_hi = a_lo
+    else:
+        a_lo = lax.slice_in_dim(faces[line], 0, n, axis=line) * inv_h2
+        a_hi = lax.slice_in_dim(faces[line], 1, n + 1, axis=line) * inv_h2
+    lower = jnp.moveaxis(a_lo, line, 0).at[0].set(0)  # the walls are in the diagonal
+    upper = jnp.moveaxis(a_hi, line, 0).at[-1].set(0)
+    d = jnp.moveaxis(diag, line, 0)
+
+    def eliminate(c_prev, row):
+        lo, di, up = row
+        inv = 1 / (di - lo * c_prev)
+        c = up * inv
+        return c, (inv, c)
+
+    _, (inv, c) = lax.scan(eliminate, jnp.zeros_like(d[0]), (lower, d, upper))
+    return LineFactors(lower, inv, c)
+
+
+def line_solve(factors: LineFactors, r: jax.Array, line: int) -> jax.Array:
+    """Solve every line system of [`line_factors`][] for the right-hand side ``r``."""
+    rl = jnp.moveaxis(r, line, 0)
+
+    def forward(y_prev, row):
+        lo, inv, rr = row
+        y = (rr - lo * y_prev) * inv
+        return y, y
+
+    _, y = lax.scan(forward, jnp.zeros_like(rl[0]), (factors.lower, factors.inv, rl))
+
+    def backward(x_next, row):
+        c, yy = row
+        x = yy - c * x_next
+        return x, x
+
+    _, x = lax.scan(backward, jnp.zeros_like(rl[0]), (factors.upper, y), reverse=True)
+    return jnp.moveaxis(x, 0, line)
 
 
 def prepare(
@@ -227,18 +333,21 @@ def prepare(
     dtype,
 ) -> MultigridData:
     """Per-level coefficients, diagonals and colour masks (inside ``shard_map`` if split)."""
-    faces, diags, reds = [], [], []
+    faces, diags, reds, lines = [], [], [], []
     a = coefficient
     for level in levels:
         g = level.grid
         fc = None if a is None else face_coefficients(a, g)
         faces.append(fc)
         if level.transition == "restrict":
-            diags.append(operator_diagonal(g, parity, fc, dtype))
-            reds.append(colour_mask(g, dtype))
+            diag = operator_diagonal(g, parity, fc, dtype)
+            diags.append(diag)
+            reds.append(colour_mask(g, dtype, skip=level.line))
+            lines.append(None if level.line is None else line_factors(g, level.line, fc, diag))
         else:
             diags.append(None)
             reds.append(None)
+            lines.append(None)
         if a is not None:
             if level.transition == "restrict":
                 a = average_children(a, level.halved)
@@ -246,7 +355,7 @@ def prepare(
                 a = gather(a, g)
     if coarse_inverse is None:
         coarse_inverse = dense_inverse(levels[-1].grid, parity, faces[-1], singular, dtype)
-    return MultigridData(tuple(faces), tuple(diags), tuple(reds), coarse_inverse)
+    return MultigridData(tuple(faces), tuple(diags), tuple(reds), coarse_inverse, tuple(lines))
 
 
 class Multigrid:
@@ -273,7 +382,12 @@ class Multigrid:
 
     def _half_sweep(self, k, u, f, mask):
         r = f - self.apply(k, u)
-        return u + mask * r / self.data.diag[k]
+        line = self.levels[k].line
+        if line is None:
+            return u + mask * r / self.data.diag[k]
+        # Lines of one colour are coupled only to lines of the other: solving each for
+        # the residual is the Gauss–Seidel update of the whole line at once.
+        return u + mask * line_solve(self.data.lines[k], r, line)
 
     def _smooth(self, k, u, f, sweeps, reverse):
         red = self.data.red[k]

@@ -248,10 +248,11 @@ class PoissonSolver(eqx.Module):
                     f"multigrid cannot coarsen grid.shape={grid.shape} with spacings "
                     f"{tuple(float(f'{h:.3g}') for h in spacing)}: on an anisotropic grid only "
                     f"the finely spaced axes are halved (semi-coarsening), and those run out of "
-                    f"cells before a level has ≤ max_coarse={max_coarse} cells (thin layers "
-                    f"would need line relaxation, which this multigrid does not have); use "
-                    f"method='spectral' (constant coefficient), or more cells along the finely "
-                    f"spaced axes"
+                    f"cells before a level has ≤ max_coarse={max_coarse} cells; line "
+                    f"relaxation takes over only along a single finest axis that has walls "
+                    f"(not periodic) and is not split across devices, with every other axis "
+                    f"≥ {mg.ANISOTROPY_FACTOR:g}× coarser; use method='spectral' (constant "
+                    f"coefficient), or more cells along the finely spaced axes"
                 )
             if levels is None:
                 raise ValueError(
