@@ -258,20 +258,23 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
         time_value = None
         if dims and dims[0] == "time":
             count = shape[0]
+            written = fh.attrs.get("n_frames")  # a physjax file: frames beyond are incomplete
+            if written is not None:
+                count = min(count, int(np.asarray(written).ravel()[0]))
             index = -1 if frame is None else frame
             if count == 0:
                 raise ValueError(f"--{option}: {spec} has no frame (time dimension of size 0)")
             if not -count <= index < count:
                 raise ValueError(f"--frame {frame} is out of range: {spec} has {count} frames")
-            data = np.asarray(ds[index])
+            index = index % count  # counted from the last complete frame
+            data = _decode_cf(ds, np.asarray(ds[index]), option, spec)
             if coords[0] is not None:
                 time_value = float(coords[0][index])
             dims, coords, coord_units = dims[1:], coords[1:], coord_units[1:]
-            index = index % count
         else:
             if frame is not None and strict:
                 raise ValueError(f"--frame given, but {spec} has no time dimension")
-            data = np.asarray(ds[...])
+            data = _decode_cf(ds, np.asarray(ds[...]), option, spec)
             index = None
     if data.ndim not in (2, 3):
         raise ValueError(
@@ -293,6 +296,39 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
         time=time_value,
         spec=spec,
     )
+
+
+def _decode_cf(ds, raw: np.ndarray, option: str, spec: str) -> np.ndarray:
+    """The values a CF reader (xarray, netCDF4) sees: cells equal to ``_FillValue`` or
+    ``missing_value`` are missing (an error: a solve needs every cell), and packed data
+    is unpacked as ``raw * scale_factor + add_offset``."""
+    if not np.issubdtype(raw.dtype, np.number):
+        return raw
+    missing = np.zeros(raw.shape, bool)
+    for key in ("_FillValue", "missing_value"):
+        value = ds.attrs.get(key)
+        if value is not None:
+            marks = np.atleast_1d(np.asarray(value)).ravel()
+            marks = marks[~np.isnan(marks)] if np.issubdtype(marks.dtype, np.floating) else marks
+            missing |= np.isin(raw, marks)
+    if missing.any():
+        raise ValueError(
+            f"--{option}: {spec} has {int(missing.sum())} missing value(s) (cells equal to its "
+            f"_FillValue/missing_value); fill them before solving"
+        )
+    scale = ds.attrs.get("scale_factor")
+    offset = ds.attrs.get("add_offset")
+    if scale is None and offset is None:
+        return raw
+    dtype = np.result_type(
+        np.float32, *(np.asarray(v).dtype for v in (scale, offset) if v is not None)
+    )
+    data = raw.astype(dtype)
+    if scale is not None:
+        data = data * np.asarray(scale, dtype)
+    if offset is not None:
+        data = data + np.asarray(offset, dtype)
+    return data
 
 
 #: Coordinate units read as lengths, and their size in metres.

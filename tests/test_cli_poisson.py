@@ -389,3 +389,58 @@ def test_coordinate_units(tmp_path, capsys):
     assert code == 0
     with xr.open_dataset(out) as ds:
         assert json.loads(ds.attrs["configuration"])["extent"] == [8e6, 4e7]
+
+
+def test_packed_and_missing_values_read_as_cf_readers_do(tmp_path, capsys):
+    """Packed integers (scale_factor/add_offset) are unpacked, and cells equal to the
+    _FillValue are missing values, refused — as xarray reads them, not as raw HDF5."""
+    x = (np.arange(16) + 0.5) * 1e3
+    q = np.outer(np.sin(np.pi * x / 16e3), np.sin(np.pi * x / 16e3))
+    src = tmp_path / "packed.nc"
+    coords = {"y": ("y", x, {"units": "m"}), "x": ("x", x, {"units": "m"})}
+    holes = np.where(q > 0.9, np.nan, q)
+    xr.Dataset({"qpack": (("y", "x"), q), "qfill": (("y", "x"), holes)}, coords=coords).to_netcdf(
+        src,
+        engine="h5netcdf",
+        encoding={
+            "qpack": {"dtype": "int16", "scale_factor": 1e-4, "add_offset": 1.0},
+            "qfill": {"_FillValue": -999.0},
+        },
+    )
+    code, out = _poisson(tmp_path, "--rhs", f"{src}:qpack", "--bc", "dirichlet")
+    assert code == 0
+    with xr.open_dataset(out) as ds, xr.open_dataset(src) as inp:
+        np.testing.assert_allclose(ds["f"], inp["qpack"], rtol=0, atol=1e-12)
+        assert float(ds["f"].min()) > 0  # the raw int16 values are ≈ -1e4
+    code, out = _poisson(tmp_path, "--rhs", f"{src}:qfill", "--bc", "dirichlet", name="q.h5")
+    assert code == 2 and not out.exists()
+    missing = int(np.isnan(holes).sum())
+    err = capsys.readouterr().err
+    assert f"has {missing} missing value(s) (cells equal to its _FillValue" in err
+
+
+def test_rhs_skips_an_incomplete_trailing_frame(tmp_path, capsys):
+    """A physjax file killed in the middle of an append has a time axis one longer than its
+    ``n_frames``: the last complete frame is the default, and --frame counts those only."""
+    src = tmp_path / "run.h5"
+    _write_rhs(src, np.random.default_rng(3).normal(size=(3, 8, 8)), 1.0, 1.0, time=True)
+    with h5py.File(src, "a") as h:
+        h.attrs["n_frames"] = 2  # frame 2 was never completed
+    code, out = _poisson(tmp_path, "--rhs", f"{src}:forcing", "--bc", "dirichlet")
+    assert code == 0
+    with xr.open_dataset(out) as ds, xr.open_dataset(src) as inp:
+        assert json.loads(ds.attrs["configuration"])["frame"] == 1
+        np.testing.assert_allclose(ds["f"], inp["forcing"][1], rtol=0, atol=0)
+    code, out = _poisson(
+        tmp_path, "--rhs", f"{src}:forcing", "--bc", "dirichlet", "--frame", "-2", name="m2.h5"
+    )
+    assert code == 0
+    with xr.open_dataset(out) as ds, xr.open_dataset(src) as inp:
+        cfg = json.loads(ds.attrs["configuration"])
+        assert cfg["frame"] == 0 and cfg["rhs_time"] == 0.0
+        np.testing.assert_allclose(ds["f"], inp["forcing"][0], rtol=0, atol=0)
+    code, out = _poisson(
+        tmp_path, "--rhs", f"{src}:forcing", "--bc", "dirichlet", "--frame", "2", name="f2.h5"
+    )
+    assert code == 2 and not out.exists()
+    assert "--frame 2 is out of range" in capsys.readouterr().err

@@ -222,8 +222,8 @@ class PoissonSolver(eqx.Module):
             else:
                 coefficient = eqx.error_if(
                     coefficient,
-                    ~jnp.all(coefficient > 0),
-                    "coefficient must be > 0 everywhere",
+                    ~jnp.all(jnp.isfinite(coefficient) & (coefficient > 0)),
+                    "coefficient must be finite and > 0 everywhere",
                 )
         self.coefficient = coefficient
 
@@ -525,6 +525,13 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general):
     """
     cls = type(solver)
     f = cls._check_field(solver, f, "f")
+    if boundary_values is not None:
+        # Python numbers would be static under eqx.filter_jit: a stepper passing new wall
+        # values every step would then compile every step. As 0-d arrays they are traced.
+        boundary_values = jax.tree.map(
+            lambda v: np.asarray(v, f.dtype) if isinstance(v, (int, float)) else v,
+            boundary_values,
+        )
     prechecked = cls._precheck(solver, f, boundary_values)
     # Called eagerly (nothing traced), a solve that does not converge raises here, in
     # Python, with the solver's own message; inside a transformation through eqx.error_if.
