@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -77,6 +78,14 @@ SCHEMES: dict[str, tuple[Callable, int, float]] = {
     "rk4": (rk4_step, 4, 2 * 2**0.5),
 }
 
+#: For damping (a negative real eigenvalue, e.g. linear drag ``-r``) that acts together with
+#: oscillations up to the imaginary-axis limit ``L`` of ``SCHEMES``: the largest ``X`` such that
+#: the whole rectangle ``[-X, 0] × [-iL, iL]`` lies in the scheme's stability region, so that
+#: ``r dt ≤ X`` is stable whatever the oscillation frequency within its own limit (computed
+#: from the stability polynomials and rounded down; the real-axis limits alone are ≈ 2.51 for
+#: SSP-RK3 and ≈ 2.79 for RK4, but not combined with a frequency at ``L``).
+DAMPING_LIMITS: dict[str, float] = {"euler": 0.0, "ssprk3": 1.64, "rk4": 0.68}
+
 
 def scheme(name: str) -> Callable:
     if name not in SCHEMES:
@@ -118,12 +127,24 @@ def integrate(
     return frames
 
 
+class _VectorField(eqx.Module):
+    """diffrax's ``f(t, y, args)`` from ``rhs(y, t)`` (or ``rhs(y, t, args)``): a module, so
+    that the same ``rhs`` compiles once, and differentiable values travel in ``args``."""
+
+    rhs: Callable
+    with_args: bool = eqx.field(static=True)
+
+    def __call__(self, t, y, args):
+        return self.rhs(y, t, args) if self.with_args else self.rhs(y, t)
+
+
 def integrate_diffrax(
     rhs: RHS,
     y0: PyTree,
     t0: float,
     t1: float,
     *,
+    args: PyTree = None,
     solver: diffrax.AbstractSolver | None = None,
     dt0: float | None = None,
     saveat: diffrax.SaveAt | None = None,
@@ -133,14 +154,16 @@ def integrate_diffrax(
     adjoint: diffrax.AbstractAdjoint | None = None,
     max_steps: int | None = 100_000,
 ) -> diffrax.Solution:
-    """Integrate ``dy/dt = rhs(y, t)`` with diffrax.
+    """Integrate ``dy/dt = rhs(y, t)`` with diffrax (``rhs(y, t, args)`` when ``args`` is
+    given: pass what is differentiated, e.g. a model's parameters, through ``args`` rather than
+    closing over it, as ``diffrax.BacksolveAdjoint`` needs).
 
     Defaults: ``Tsit5`` with a PID step-size controller at ``rtol``/``atol``; pass
     ``stepsize_controller=diffrax.ConstantStepSize()`` and ``dt0`` for fixed steps, and
     ``adjoint=diffrax.RecursiveCheckpointAdjoint()`` (the default) or
     ``diffrax.BacksolveAdjoint()`` for gradients through long runs.
     """
-    term = diffrax.ODETerm(lambda t, y, args: rhs(y, t))
+    term = diffrax.ODETerm(_VectorField(rhs, args is not None))
     solver = diffrax.Tsit5() if solver is None else solver
     if stepsize_controller is None:
         stepsize_controller = diffrax.PIDController(rtol=rtol, atol=atol)
@@ -152,6 +175,7 @@ def integrate_diffrax(
         t1=t1,
         dt0=dt0,
         y0=y0,
+        args=args,
         saveat=saveat or diffrax.SaveAt(t1=True),
         stepsize_controller=stepsize_controller,
         max_steps=max_steps,

@@ -48,17 +48,24 @@ class _CaseSpec:
     defaults: dict[str, Any]
 
 
+def _is_real(value: Any) -> bool:
+    """A real number: Python or NumPy integer or float, not a bool."""
+    return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
+        value, (bool, np.bool_)
+    )
+
+
 def _positive(params: dict, *names: str) -> None:
     for name in names:
         value = params[name]
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        if not (_is_real(value) and math.isfinite(value) and value > 0):
             raise ValueError(f"parameter {name} must be a finite number > 0, got {value!r}")
 
 
 def _nonnegative(params: dict, *names: str) -> None:
     for name in names:
         value = params[name]
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+        if not (_is_real(value) and math.isfinite(value) and value >= 0):
             raise ValueError(f"parameter {name} must be a finite number >= 0, got {value!r}")
 
 
@@ -175,16 +182,29 @@ def _check_wave_resolved(grid: Grid, mode_x: int, mode_y: int) -> None:
     ny, nx = grid.shape
     if mode_x % nx or mode_y % ny:
         return
+    if mode_x == 0 and mode_y == 0:
+        raise ValueError(
+            "the gravity-wave mode (mode_x=0, mode_y=0) is a uniform state, not a wave: give a "
+            "non-zero mode_x or mode_y"
+        )
     hints = []
-    for name, m in (("nx", mode_x), ("ny", mode_y)):
-        # the smallest grid size on which mode m is not aliased to zero
+    for name, m, n_now in (("nx", mode_x, nx), ("ny", mode_y, ny)):
+        # the smallest grid size on which mode m is not aliased to zero, when it is larger
+        # than the grid's (a grid too small for the mode)
         n = next((n for n in range(2, abs(m) + 2) if m % n), None)
-        if n is not None:
+        if n is not None and n > n_now:
             hints.append(f"{name} >= {n}")
+    if hints:
+        raise ValueError(
+            f"grid size nx={nx}, ny={ny} is too small for the gravity-wave mode (mode_x="
+            f"{mode_x}, mode_y={mode_y}): both wavenumbers alias to zero; it needs "
+            + " or ".join(hints)
+        )
     raise ValueError(
-        f"grid size nx={nx}, ny={ny} is too small for the gravity-wave mode (mode_x={mode_x}, "
-        f"mode_y={mode_y}): both wavenumbers alias to zero; it needs "
-        + (" or ".join(hints) if hints else "a non-zero mode_x or mode_y")
+        f"the gravity-wave mode (mode_x={mode_x}, mode_y={mode_y}) aliases to a uniform state on "
+        f"this nx={nx}, ny={ny} grid: mode_x is a multiple of nx and mode_y a multiple of ny, so "
+        f"both wavenumbers are zero on the grid; choose a mode_x that is not a multiple of nx "
+        f"or a mode_y that is not a multiple of ny"
     )
 
 
@@ -407,9 +427,10 @@ def make_case(
                 "jax.config.update('jax_enable_x64', True) first"
             )
     p = {**spec.defaults, **parameters}
-    if "mean_depth" in p and not (
-        isinstance(p["mean_depth"], (int, float)) and p["mean_depth"] > 0
-    ):
+    for key, value in p.items():
+        if _is_real(value) and not math.isfinite(value):
+            raise ValueError(f"parameter {key} must be a finite number, got {value!r}")
+    if "mean_depth" in p and not (_is_real(p["mean_depth"]) and p["mean_depth"] > 0):
         raise ValueError(f"parameter mean_depth must be > 0 (metres), got {p['mean_depth']!r}")
     ny = spec.shape[0] if ny is None else ny
     nx = spec.shape[1] if nx is None else nx

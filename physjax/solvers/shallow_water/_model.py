@@ -26,8 +26,8 @@ from ...grids import (
     interp_y_c2f,
     interp_y_f2c,
 )
-from ...parallel import decompose, shard_map_fields
-from .._time_stepping import SCHEMES, advance, integrate, integrate_diffrax, scheme
+from ...parallel import decompose, shard, shard_map_fields
+from .._time_stepping import DAMPING_LIMITS, SCHEMES, advance, integrate, integrate_diffrax, scheme
 from ._blocked import auto_strip_rows, blocked_ssprk3_step, strip_aux
 
 Field2D = Float[Array, "ny nx"]
@@ -64,6 +64,90 @@ class ShallowWaterSolution(eqx.Module):
 
 def _scalar(x, dtype):
     return jnp.asarray(x, dtype=dtype)
+
+
+def _describe(value) -> str:
+    if isinstance(value, (tuple, list)):
+        return f"a {type(value).__name__} of {len(value)} item(s)"
+    shape = getattr(value, "shape", None)
+    if shape is not None and len(shape) > 0:
+        return f"an array of shape {tuple(shape)} and dtype {value.dtype}"
+    return f"{value!r} ({type(value).__name__})"
+
+
+def _real_dtype_or_raise(name: str, value, what: str) -> np.ndarray | None:
+    """``value`` as a NumPy array when it has a value now (``None`` for a tracer), after
+    refusing anything that is not real numbers (strings, complex, booleans, objects)."""
+    if isinstance(value, (str, bytes)) or value is None:
+        raise TypeError(f"{name} must be {what}, got {_describe(value)}")
+    if is_concrete(value):
+        try:
+            arr = np.asarray(value)
+        except Exception as e:  # ragged lists and other objects NumPy cannot read
+            raise TypeError(f"{name} must be {what}, got {_describe(value)}") from e
+        dtype = arr.dtype
+    else:
+        arr, dtype = None, np.dtype(value.dtype)
+    if dtype.kind not in "iuf":
+        kind = {"c": "complex", "b": "boolean"}.get(dtype.kind, f"dtype {dtype}")
+        raise TypeError(f"{name} must be {what}, got {kind} values: {_describe(value)}")
+    return arr
+
+
+def _check_scalar(name: str, value, *, low: str | None = None):
+    """Refuse a physical constant that is not one finite real number (checked on its value
+    when it has one; only its type and shape inside ``jit``/``grad``/``vmap``). ``low``:
+    ``">0"`` or ``">=0"``."""
+    arr = _real_dtype_or_raise(name, value, "a real number")
+    shape = np.shape(value) if arr is None else arr.shape
+    if shape != ():
+        raise ValueError(f"{name} must be a scalar (one number), got an array of shape {shape}")
+    if arr is None:
+        return
+    x = float(arr)
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be a finite number, got {x}")
+    if low == ">0" and not x > 0:
+        raise ValueError(f"{name} must be > 0, got {value}")
+    if low == ">=0" and not x >= 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+
+
+def _check_field_values(name: str, value, grid: Grid) -> np.ndarray | None:
+    """Refuse a field that is not real numbers of the grid's shape, or (when it has a value)
+    that holds NaN/Inf; returns it as a NumPy array when it has a value."""
+    arr = _real_dtype_or_raise(
+        name, value, f"real numbers on the grid, shape (ny, nx)={grid.shape}"
+    )
+    _check_field(name, value if arr is None else arr, grid)
+    if arr is not None:
+        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+        if bad:
+            raise ValueError(f"{name} must be finite everywhere, got {bad} NaN/Inf value(s)")
+    return arr
+
+
+def _check_time(name: str, value, *, positive: bool = False, unit: str = "seconds") -> float | None:
+    """A time [s] (or other number) as a float (``None`` when traced), refusing anything but
+    one finite real number (> 0 when ``positive``): Python or NumPy scalars and 0-d arrays are
+    accepted."""
+    need = ("a finite number > 0" if positive else "a finite number") + f" ({unit})"
+    if isinstance(value, (str, bytes, bool, np.bool_)) or value is None:
+        raise ValueError(f"{name} must be {need}, got {value!r}")
+    if not is_concrete(value):
+        if np.shape(value) != () or np.dtype(value.dtype).kind not in "iuf":
+            raise ValueError(f"{name} must be {need}, got {_describe(value)}")
+        return None
+    try:
+        arr = np.asarray(value)
+    except Exception:
+        arr = np.asarray(None)
+    if arr.shape != () or arr.dtype.kind not in "iuf":
+        raise ValueError(f"{name} must be {need}, got {value!r}")
+    x = float(arr)
+    if not (math.isfinite(x) and (x > 0 or not positive)):
+        raise ValueError(f"{name} must be {need}, got {value!r}")
+    return x
 
 
 class ShallowWater(eqx.Module):
@@ -104,9 +188,15 @@ class ShallowWater(eqx.Module):
       is advanced ``strip_rows`` full rows at a time (each strip read with three rows of
       overlap), so that a strip's intermediates stay in cache; the same arithmetic as the
       unblocked step (bit-identical results when both are compiled). ``None`` (default):
-      automatic, on the CPU for fields of 4 MiB or more (e.g. 1024² float32 or float64);
-      ``0``: never; a divisor of ``ny`` of at least 3: always (on one device; a run split
-      over a mesh steps each block unblocked).
+      automatic, on the CPU only, once the plain step's working set (13 field-sized buffers)
+      no longer fits in the last-level cache read from Linux's sysfs (with 32 MiB of L3, from
+      768² float64 or 1024² float32 up); where the cache size cannot be read, for fields of
+      4 MiB or more (768² float64, 1024² float32); ``0``: never; a divisor of ``ny`` of at
+      least 3: always (on one device; a run split over a mesh steps each block unblocked).
+
+    The physical constants must be single finite real numbers and ``bottom``/``wind_stress``
+    real, finite fields of the grid's shape (strings, complex and boolean values are refused);
+    values are checked when they have them (not while traced by ``jit``/``grad``/``vmap``).
 
     The model works on one sample; use ``jax.vmap`` for ensembles.
     """
@@ -167,12 +257,16 @@ class ShallowWater(eqx.Module):
                     f"next to the wall)"
                 )
         dt = grid.dtype
-        for name, value in (("gravity", gravity), ("density", density)):
-            if is_concrete(value) and not float(value) > 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
-        for name, value in (("drag", drag), ("viscosity", viscosity)):
-            if value is not None and is_concrete(value) and not float(value) >= 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
+        for name, value, low in (
+            ("gravity", gravity, ">0"),
+            ("coriolis", coriolis, None),
+            ("beta", beta, None),
+            ("density", density, ">0"),
+            ("drag", drag, ">=0"),
+            ("viscosity", viscosity, ">=0"),
+        ):
+            if value is not None or name not in ("drag", "viscosity"):
+                _check_scalar(name, value, low=low)
         self.grid = grid
         self.gravity = _scalar(gravity, dt)
         self.coriolis = _scalar(coriolis, dt)
@@ -181,14 +275,23 @@ class ShallowWater(eqx.Module):
         self.viscosity = None if viscosity is None else _scalar(viscosity, dt)
         self.density = _scalar(density, dt)
         if bottom is not None:
+            _check_field_values("bottom", bottom, grid)
             bottom = jnp.asarray(bottom, dtype=dt)
-            _check_field("bottom", bottom, grid)
         self.bottom = bottom
         if wind_stress is not None:
-            tx, ty = (jnp.asarray(w, dtype=dt) for w in wind_stress)
-            _check_field("wind_stress[0] (tau_x)", tx, grid)
-            _check_field("wind_stress[1] (tau_y)", ty, grid)
-            wind_stress = (tx, ty)
+            try:
+                n = None if isinstance(wind_stress, (str, bytes)) else len(wind_stress)
+            except TypeError:  # a number, a 0-d array
+                n = None
+            if n != 2:
+                raise ValueError(
+                    f"wind_stress must be a pair (tau_x, tau_y) of fields of the grid shape "
+                    f"(ny, nx)={grid.shape}, got {_describe(wind_stress)}"
+                )
+            tx, ty = wind_stress
+            _check_field_values("wind_stress[0] (tau_x)", tx, grid)
+            _check_field_values("wind_stress[1] (tau_y)", ty, grid)
+            wind_stress = (jnp.asarray(tx, dtype=dt), jnp.asarray(ty, dtype=dt))
         self.wind_stress = wind_stress
         self.boundary = boundary
         self.scheme = scheme
@@ -198,21 +301,24 @@ class ShallowWater(eqx.Module):
     def initial_state(
         self, h: ArrayLike, u: ArrayLike | None = None, v: ArrayLike | None = None
     ) -> ShallowWaterState:
-        """A state from thickness and velocities (zeros when omitted), checked and with the
-        normal velocity set to zero on walls. Raises if the thickness is not positive."""
+        """A state from thickness and velocities (zeros when omitted), converted to the model's
+        dtype and with the normal velocity set to zero on walls. Raises if a field is not real
+        numbers of the grid's shape, holds NaN/Inf, or the thickness is not positive (values
+        are checked when they have them, also inside ``jit`` for arrays closed over)."""
         g = self.grid
+        # Checked on the values as given (NumPy), so that this also works inside jit on
+        # arrays that have a value (jnp operations there return tracers).
+        for name, f in (("h", h), ("u", u), ("v", v)):
+            if f is not None:
+                arr = _check_field_values(name, f, g)
+                if name == "h" and arr is not None and not arr.min() > 0:
+                    raise ValueError(
+                        f"layer thickness h must be > 0 everywhere (mean depth and anomalies), "
+                        f"got a minimum of {float(arr.min()):g} m"
+                    )
         h = jnp.asarray(h, dtype=g.dtype)
         u = jnp.zeros(g.shape, g.dtype) if u is None else jnp.asarray(u, dtype=g.dtype)
         v = jnp.zeros(g.shape, g.dtype) if v is None else jnp.asarray(v, dtype=g.dtype)
-        for name, f in (("h", h), ("u", u), ("v", v)):
-            _check_field(name, f, g)
-        if is_concrete(h):
-            hmin = float(jnp.min(h))
-            if not hmin > 0:
-                raise ValueError(
-                    f"layer thickness h must be > 0 everywhere (mean depth and anomalies), "
-                    f"got a minimum of {hmin:g} m"
-                )
         if not g.periodic[1]:
             u = u.at[:, 0].set(0)
         if not g.periodic[0]:
@@ -360,7 +466,12 @@ class ShallowWater(eqx.Module):
         return scheme(self.scheme)(rhs, state, t, dt)
 
     def step(self, state: ShallowWaterState, t: ArrayLike, dt: ArrayLike) -> ShallowWaterState:
-        """One step of the fixed-step scheme."""
+        """One step of the fixed-step scheme. The state's type, shapes and dtype are checked,
+        and ``dt`` must be a finite number > 0 when it has a value (the stability limit is
+        not checked here: see [`check_dt`][physjax.solvers.ShallowWater.check_dt])."""
+        # Not the values: that would cost a transfer from the device at every step.
+        self._check_state(state, values=False)
+        _check_time("dt", dt, positive=True)
         return _stepper(self)(state, t, dt)
 
     # -------------------------------------------------------------- diagnostics
@@ -399,19 +510,97 @@ class ShallowWater(eqx.Module):
         y = jnp.asarray(g.coordinates("y", "face"), g.dtype)[:, None]
         return (self.coriolis_at(y) + self.relative_vorticity(state)) / h_corner
 
+    def _check_state(
+        self,
+        state: ShallowWaterState,
+        *,
+        walls: bool = True,
+        values: bool = True,
+        thickness: bool = True,
+    ) -> dict[str, np.ndarray] | None:
+        """Refuse a state that is not a ``ShallowWaterState`` of real fields of the grid's shape
+        and the model's dtype (checked before anything compiles, also on tracers), or, when it
+        has values (and ``values``), one with NaN/Inf, (``thickness``) a thickness that is not
+        positive, or (``walls``) normal flow through a wall. Returns the fields as NumPy arrays
+        when they have values."""
+        if not isinstance(state, ShallowWaterState):
+            raise TypeError(
+                f"state must be a physjax.solvers.ShallowWaterState (e.g. from "
+                f"model.initial_state(h, u, v)), got {_describe(state)}"
+            )
+        g = self.grid
+        want = np.dtype(g.dtype)
+        for k in ("h", "u", "v"):
+            a = getattr(state, k)
+            if not hasattr(a, "dtype") or not hasattr(a, "shape"):
+                raise TypeError(
+                    f"state.{k} must be an array of shape {g.shape}, got {_describe(a)}"
+                )
+            _check_field(f"state.{k}", a, g)
+            dtype = np.dtype(jax.dtypes.canonicalize_dtype(a.dtype))
+            if dtype != want:
+                raise TypeError(
+                    f"state.{k} has dtype {dtype} but the model computes in {want}: build the "
+                    f"state with model.initial_state(h, u, v), which converts, or cast it "
+                    f"(e.g. jax.tree.map(lambda a: a.astype('{want}'), state))"
+                )
+        if not values or not all(is_concrete(getattr(state, k)) for k in ("h", "u", "v")):
+            return None
+        fields = {k: np.asarray(getattr(state, k)) for k in ("h", "u", "v")}
+        for k, a in fields.items():
+            bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+            if bad:
+                raise ValueError(f"state.{k} must be finite everywhere, got {bad} NaN/Inf value(s)")
+        if thickness and not fields["h"].min() > 0:
+            raise ValueError(
+                f"state.h (layer thickness) must be > 0 everywhere, got a minimum of "
+                f"{float(fields['h'].min()):g} m"
+            )
+        if walls:
+            for k, axis, where, index in (
+                ("u", 1, "west wall (x walled)", "u[:, 0]"),
+                ("v", 0, "south wall (y walled)", "v[0, :]"),
+            ):
+                if g.periodic[axis]:
+                    continue
+                normal = np.take(fields[k], 0, axis=axis)
+                if np.any(normal != 0):
+                    raise ValueError(
+                        f"state.{k} must be 0 on the {where}: {index} is the velocity through "
+                        f"the wall, got max |{index}| = {float(np.abs(normal).max()):g} m/s; "
+                        f"build the state with model.initial_state(h, u, v), which sets it to 0"
+                    )
+        return fields
+
+    def _parameters_concrete(self) -> bool:
+        return all(
+            is_concrete(x)
+            for x in (self.gravity, self.coriolis, self.beta, self.viscosity, self.drag)
+            if x is not None
+        )
+
     def max_stable_dt(self, state: ShallowWaterState, cfl: float = 1.0) -> float:
-        """Largest stable time step [s] of the fixed-step scheme, times ``cfl``.
+        """Largest stable time step [s] of the fixed-step scheme, times ``cfl`` (> 0).
 
         Gravity waves on the C-grid reach ω = (c + |u|)·2·√(1/dx² + 1/dy²); the scheme is
-        stable for ω dt up to its imaginary-axis limit (√3 for SSP-RK3). Viscosity adds
-        dt ≤ limit / (4ν(1/dx² + 1/dy²)). Needs concrete (non-traced) values.
+        stable for ω dt up to its imaginary-axis limit L (√3 for SSP-RK3, 2√2 for RK4).
+        Viscosity adds dt ≤ L / (4ν(1/dx² + 1/dy²)), rotation dt ≤ L / |f|max, and linear drag
+        dt ≤ X / (r + 4ν(1/dx² + 1/dy²)), with X the damping limit that holds together with
+        waves at L (1.64 for SSP-RK3, 0.68 for RK4; see
+        ``physjax.solvers._time_stepping.DAMPING_LIMITS``). A Python float when the state and
+        parameters have values; inside ``jit``/``grad``/``vmap`` over them, a traced array.
         """
+        _check_time("cfl", cfl, positive=True, unit="a fraction of the stability limit")
         g = self.grid
         inv = math.sqrt(1 / g.dx**2 + 1 / g.dy**2)
-        depth = float(jnp.max(state.h))
-        speed = float(jnp.maximum(jnp.max(jnp.abs(state.u)), jnp.max(jnp.abs(state.v))))
-        c = math.sqrt(float(self.gravity) * depth) + speed
         limit = SCHEMES[self.scheme][2]
+        damping = DAMPING_LIMITS[self.scheme]
+        fields = self._check_state(state, walls=False)
+        if fields is None or not self._parameters_concrete() or not is_concrete(cfl):
+            return self._max_stable_dt_traced(state, cfl, inv, limit, damping)
+        depth = float(np.max(fields["h"]))
+        speed = float(np.maximum(np.max(np.abs(fields["u"])), np.max(np.abs(fields["v"]))))
+        c = math.sqrt(float(self.gravity) * depth) + speed
         dt = limit / (2 * c * inv)
         nu = 0.0 if self.viscosity is None else float(self.viscosity)
         if nu > 0:
@@ -419,23 +608,54 @@ class ShallowWater(eqx.Module):
         f = abs(float(self.coriolis)) + abs(float(self.beta)) * g.extent[0] / 2
         if f > 0:
             dt = min(dt, limit / f)
+        r = 0.0 if self.drag is None else float(self.drag)
+        if r > 0:
+            dt = min(dt, damping / (r + 4 * nu * inv**2))
+        return float(cfl) * dt
+
+    def _max_stable_dt_traced(self, state, cfl, inv, limit, damping):
+        """``max_stable_dt`` in jnp operations, for traced state or parameters."""
+        g = self.grid
+        depth = jnp.max(state.h)
+        speed = jnp.maximum(jnp.max(jnp.abs(state.u)), jnp.max(jnp.abs(state.v)))
+        dt = limit / (2 * (jnp.sqrt(self.gravity * depth) + speed) * inv)
+        nu = 0.0 if self.viscosity is None else self.viscosity
+        if self.viscosity is not None:
+            dt = jnp.where(nu > 0, jnp.minimum(dt, limit / (4 * nu * inv**2)), dt)
+        f = jnp.abs(self.coriolis) + jnp.abs(self.beta) * g.extent[0] / 2
+        dt = jnp.where(f > 0, jnp.minimum(dt, limit / f), dt)
+        if self.drag is not None:
+            r = self.drag
+            dt = jnp.where(r > 0, jnp.minimum(dt, damping / (r + 4 * nu * inv**2)), dt)
         return cfl * dt
 
     def check_dt(self, state: ShallowWaterState, dt: float) -> None:
-        """Raise ``ValueError`` when ``dt`` is not positive or breaks the CFL limit."""
-        if not (isinstance(dt, (int, float, np.floating)) and math.isfinite(dt) and dt > 0):
-            raise ValueError(f"dt must be a finite number > 0 (seconds), got {dt!r}")
+        """Raise ``ValueError`` when ``dt`` is not one finite number > 0 (a Python or NumPy
+        scalar or a 0-d array) or breaks the stability limit of
+        [`max_stable_dt`][physjax.solvers.ShallowWater.max_stable_dt]. The limit is not checked
+        while the state, ``dt`` or a parameter it needs is traced (inside ``jit``, ``grad``,
+        ``vmap``): it has no value to compare then."""
+        value = _check_time("dt", dt, positive=True)
+        fields = self._check_state(state, walls=False)
+        if value is None or fields is None or not self._parameters_concrete():
+            return
         limit = self.max_stable_dt(state)
-        if dt > limit:
+        if value > limit:
             raise ValueError(
-                f"dt={dt:g} s breaks the CFL stability limit of the {self.scheme} scheme on this "
-                f"grid and state: allowed 0 < dt <= {limit:.4g} s (CFL number "
-                f"{dt / limit:.2f} > 1); lower --dt or give --cfl instead"
+                f"dt={value:g} s breaks the CFL stability limit of the {self.scheme} scheme on "
+                f"this grid and state: allowed 0 < dt <= {limit:.4g} s (CFL number "
+                f"{value / limit:.2f} > 1); lower dt, or take dt = model.max_stable_dt(state, "
+                f"cfl) with 0 < cfl <= 1 (on the command line: lower --dt or give --cfl instead)"
             )
 
     def check_mesh(self, mesh: jax.sharding.Mesh) -> None:
         """Raise ``ValueError`` when ``mesh`` does not divide the grid or leaves a device
-        fewer than 2 cells along a walled axis."""
+        fewer than 2 cells along a walled axis (``TypeError`` when it is not a mesh)."""
+        if not isinstance(mesh, jax.sharding.Mesh):
+            raise TypeError(
+                f"mesh must be a jax.sharding.Mesh (from physjax.parallel.make_mesh) or None, "
+                f"got {_describe(mesh)}"
+            )
         local = decompose(self.grid, mesh)
         for axis, name in enumerate(("y", "x")):
             n, m = self.grid.shape[axis], local.mesh_shape[axis]
@@ -462,14 +682,22 @@ class ShallowWater(eqx.Module):
 
         With a ``mesh`` from [`physjax.parallel.make_mesh`][] the run is split over its
         devices by ``shard_map`` with halo exchange; the result equals the one-device run.
-        ``dt`` is checked against the CFL limit when the state is concrete.
+
+        Checked before anything compiles: the state (a ``ShallowWaterState`` of fields of the
+        grid's shape and the model's dtype; when it has values, finite, with ``h > 0`` and no
+        flow through walls — ``u[:, 0] = 0`` on a walled x axis, ``v[0, :] = 0`` on a walled y
+        axis, as [`initial_state`][physjax.solvers.ShallowWater.initial_state] makes it), the
+        counts, ``t0``, the mesh, and ``dt`` against the stability limit (see
+        [`check_dt`][physjax.solvers.ShallowWater.check_dt]; not while traced).
         """
+        self._check_state(state)
         save_every = n_steps if save_every is None else save_every
         _check_counts(n_steps, save_every)
+        n_steps, save_every = int(n_steps), int(save_every)
+        _check_time("t0", t0)
         if mesh is not None:
             self.check_mesh(mesh)
-        if is_concrete(state.h) and is_concrete(dt):
-            self.check_dt(state, float(dt))
+        self.check_dt(state, dt)
         n_frames = n_steps // save_every
         t0_, dt_ = jnp.asarray(t0, self.grid.dtype), jnp.asarray(dt, self.grid.dtype)
         frames = _run_frames(self, state, t0_, dt_, n_frames, save_every, mesh)
@@ -484,22 +712,84 @@ class ShallowWater(eqx.Module):
         dt: ArrayLike,
         n_steps: int,
         mesh: jax.sharding.Mesh | None = None,
+        cfl_check: bool = False,
     ) -> ShallowWaterState:
         """The state after ``n_steps`` fixed steps from time ``t0`` (compiled once per
-        ``n_steps`` and mesh); the building block of chunked runs that write as they go."""
+        ``n_steps`` and mesh); the building block of chunked runs that write as they go.
+
+        The state, counts, ``t0`` and mesh are checked as in
+        [`run`][physjax.solvers.ShallowWater.run], except that a thickness that is not
+        positive is let through (a chunked run whose layer runs dry is left to blow up and be
+        caught by its driver, which then re-advances the last good state step by step), and
+        ``dt`` must be a finite number > 0. The stability limit is checked only with
+        ``cfl_check=True``: a chunked run checks its ``dt`` once with
+        [`check_dt`][physjax.solvers.ShallowWater.check_dt] (the command line's
+        ``--no-cfl-check`` runs a ``dt`` above it on purpose).
+        """
+        self._check_state(state, thickness=False)
         _check_counts(n_steps, n_steps)
+        n_steps = int(n_steps)
+        _check_time("t0", t0)
+        _check_time("dt", dt, positive=True)
         if mesh is not None:
             self.check_mesh(mesh)
+        if cfl_check:
+            self.check_dt(state, dt)
         # Times as arrays: filter_jit would treat Python floats as static and recompile.
         t0 = jnp.asarray(t0, self.grid.dtype)
         dt = jnp.asarray(dt, self.grid.dtype)
         return _advance(self, state, t0, dt, n_steps, mesh)
 
-    def solve_diffrax(self, state: ShallowWaterState, t0: float, t1: float, **kwargs):
+    def solve_diffrax(
+        self,
+        state: ShallowWaterState,
+        t0: float,
+        t1: float,
+        *,
+        mesh: jax.sharding.Mesh | None = None,
+        **kwargs,
+    ):
         """Integrate with diffrax (adaptive Tsit5 with a PID controller by default); keyword
         arguments go to [`physjax.solvers.integrate_diffrax`][] (``solver``, ``saveat``,
-        ``rtol``, ``atol``, ``stepsize_controller``, ``adjoint``, ``dt0``, ``max_steps``)."""
-        return integrate_diffrax(self.rhs, state, t0, t1, **kwargs)
+        ``rtol``, ``atol``, ``stepsize_controller``, ``adjoint``, ``dt0``, ``max_steps``).
+
+        The model travels to the vector field through diffrax's ``args``, so gradients with
+        respect to its parameters work with every adjoint (``diffrax.BacksolveAdjoint``
+        included). Times are taken in the model's dtype (``sol.ts`` and ``sol.ys`` keep it).
+        With a ``mesh`` the right-hand side is evaluated split over its devices, by the same
+        ``shard_map`` with halo exchange as [`run`][physjax.solvers.ShallowWater.run], and
+        ``sol.ys`` comes back sharded like the fields; the result equals the one-device
+        solve to round-off. The state, times, ``rtol``/``atol`` and mesh are checked first.
+        """
+        self._check_state(state)
+        dtype = self.grid.dtype
+        _check_time("t0", t0)
+        _check_time("t1", t1)
+        for name in ("rtol", "atol"):
+            if name in kwargs:
+                _check_time(name, kwargs[name], positive=True, unit="a tolerance")
+        if kwargs.get("dt0") is not None:
+            _check_time("dt0", kwargs["dt0"])
+            kwargs["dt0"] = jnp.asarray(kwargs["dt0"], dtype)
+        if mesh is not None:
+            self.check_mesh(mesh)
+        t0, t1 = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
+        sol = integrate_diffrax(_DiffraxRHS(mesh), state, t0, t1, args=self, **kwargs)
+        if mesh is not None and mesh.size > 1 and sol.ys is not None:
+            sol = eqx.tree_at(lambda s: s.ys, sol, shard(sol.ys, self.grid, mesh))
+        return sol
+
+
+class _DiffraxRHS(eqx.Module):
+    """The vector field of ``solve_diffrax``: the model comes in as diffrax's ``args``."""
+
+    mesh: jax.sharding.Mesh | None = eqx.field(static=True)
+
+    def __call__(self, y: ShallowWaterState, t, model: ShallowWater) -> ShallowWaterState:
+        def body(grid, model, y, t):
+            return _with_grid(model, grid).rhs(y, t)
+
+        return shard_map_fields(body, model.grid, self.mesh)(model, y, t)
 
 
 def _check_field(name: str, f: Array, grid: Grid) -> None:

@@ -1,0 +1,373 @@
+"""Shallow-water library API: input checks, transformations (jit/grad/vmap), diffrax paths."""
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from physjax.grids import Grid
+from physjax.parallel import make_mesh, shard
+from physjax.solvers import ShallowWater, ShallowWaterState
+from physjax.solvers.shallow_water import make_case
+
+NAN, INF = float("nan"), float("inf")
+
+
+def _last(sol):
+    return jax.tree.map(lambda a: a[-1], sol.states)
+
+
+def _max_diff(a, b):
+    return max(
+        float(jnp.max(jnp.abs(x - y))) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b))
+    )
+
+
+@pytest.fixture(scope="module")
+def gyre():
+    c = make_case("wind-gyre", nx=16, ny=16, precision="float64")
+    return c.model, c.state, c.model.max_stable_dt(c.state, 0.5)
+
+
+@pytest.fixture(scope="module")
+def adjust():
+    c = make_case("geostrophic-adjustment", nx=16, ny=16, precision="float64")
+    return c.model, c.state, c.model.max_stable_dt(c.state, 0.5)
+
+
+# ------------------------------------------------------------------ 1. flow through walls
+def test_state_with_flow_through_a_wall_is_refused_and_left_alone(gyre):
+    m, s, dt = gyre
+    leaky_u = ShallowWaterState(h=s.h, u=s.u.at[:, 0].set(0.05), v=s.v)
+    leaky_v = ShallowWaterState(h=s.h, u=s.u, v=s.v.at[0, :].set(-0.02))
+    with pytest.raises(ValueError, match=r"state\.u must be 0 on the west wall .* = 0\.05 m/s"):
+        m.run(leaky_u, dt=dt, n_steps=2)
+    with pytest.raises(ValueError, match=r"state\.v must be 0 on the south wall .* = 0\.02 m/s"):
+        m.advance(leaky_v, t0=0.0, dt=dt, n_steps=2)
+    assert float(leaky_u.u[3, 0]) == 0.05  # the user's data is not modified
+    # a periodic axis has no wall: the same u[:, 0] is fine there
+    jet = make_case("zonal-jet", nx=16, ny=8, precision="float64")
+    assert float(jnp.min(jet.state.u[:, 0])) > 0
+    out = jet.model.run(jet.state, dt=jet.model.max_stable_dt(jet.state, 0.5), n_steps=2)
+    assert out.states.u.shape == (1, 8, 16)
+
+
+# ----------------------------------------------------------------------- 2. NaN and Inf
+@pytest.mark.parametrize("name", ["gravity", "coriolis", "beta", "drag", "viscosity", "density"])
+@pytest.mark.parametrize("value", [NAN, INF, -INF])
+def test_non_finite_model_parameters_are_refused(name, value):
+    g = Grid((8, 12), (1e6, 1e6), periodic=(False, True), dtype="float64")
+    with pytest.raises(ValueError, match=f"^{name} must be a finite number, got {value}$"):
+        ShallowWater(g, **{name: value})
+
+
+def test_non_finite_fields_are_refused():
+    g = Grid((8, 12), (1e6, 1e6), periodic=(False, True), dtype="float64")
+    one_nan = np.zeros(g.shape)
+    one_nan[2, 3] = np.nan
+    with pytest.raises(ValueError, match=r"^bottom must be finite everywhere, got 1 NaN/Inf"):
+        ShallowWater(g, bottom=one_nan)
+    with pytest.raises(ValueError, match=r"^wind_stress\[1\] \(tau_y\) must be finite every"):
+        ShallowWater(g, wind_stress=(np.zeros(g.shape), np.full(g.shape, np.inf)))
+    m = ShallowWater(g)
+    h = np.full(g.shape, 100.0)
+    for name, args in (
+        ("h", (h + one_nan,)),
+        ("h", (np.full(g.shape, np.inf),)),
+        ("u", (h, one_nan)),
+        ("v", (h, None, one_nan)),
+    ):
+        with pytest.raises(ValueError, match=f"^{name} must be finite everywhere"):
+            m.initial_state(*args)
+
+
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("geostrophic-adjustment", {"step_height": NAN}),
+        ("geostrophic-adjustment", {"coriolis": NAN}),
+        ("zonal-jet", {"jet_speed": INF}),
+        ("barotropic-instability", {"beta": NAN}),
+        ("barotropic-instability", {"perturbation": NAN}),
+        ("wind-gyre", {"wind_stress": NAN}),
+        ("wind-gyre", {"viscosity": INF}),
+        ("gravity-wave", {"amplitude": NAN}),
+        ("gravity-wave", {"mean_depth": INF}),
+    ],
+)
+def test_non_finite_case_parameters_are_refused(name, params):
+    ((key, value),) = params.items()
+    with pytest.raises(ValueError, match=f"^parameter {key} must be a finite number, got {value}"):
+        make_case(name, nx=8, ny=8, precision="float64", **params)
+
+
+def test_non_finite_state_and_times_are_refused(adjust):
+    m, s, dt = adjust
+    bad = ShallowWaterState(h=s.h.at[4, 5].set(jnp.nan), u=s.u, v=s.v)
+    with pytest.raises(ValueError, match=r"^state\.h must be finite everywhere, got 1 NaN/Inf"):
+        m.run(bad, dt=dt, n_steps=2)
+    with pytest.raises(ValueError, match=r"^state\.h must be finite everywhere"):
+        m.max_stable_dt(bad)
+    bad_u = ShallowWaterState(h=s.h, u=s.u.at[0, 0].set(jnp.inf), v=s.v)
+    with pytest.raises(ValueError, match=r"^state\.u must be finite everywhere, got 1 NaN/Inf"):
+        m.advance(bad_u, t0=0.0, dt=dt, n_steps=2)
+    with pytest.raises(ValueError, match=r"^t0 must be a finite number \(seconds\), got nan"):
+        m.run(s, dt=dt, n_steps=2, t0=NAN)
+    with pytest.raises(ValueError, match=r"^t1 must be a finite number \(seconds\), got nan"):
+        m.solve_diffrax(s, 0.0, NAN)
+    with pytest.raises(ValueError, match=r"^t0 must be a finite number \(seconds\), got inf"):
+        m.solve_diffrax(s, INF, 100.0)
+
+
+# --------------------------------------------------------------------------- 3. drag in dt
+@pytest.mark.parametrize("scheme, damping", [("ssprk3", 1.64), ("rk4", 0.68)])
+def test_max_stable_dt_counts_linear_drag(adjust, scheme, damping):
+    _, s, _ = adjust
+    g = adjust[0].grid
+    r = 1e-2
+    m = ShallowWater(g, drag=r, scheme=scheme)
+    dt = m.max_stable_dt(s, cfl=0.9)
+    assert dt == pytest.approx(0.9 * damping / r, rel=1e-15)  # the drag limit binds
+    without = ShallowWater(g, scheme=scheme).max_stable_dt(s, cfl=0.9)
+    assert without * r > 2.8  # the old dt: beyond even the real-axis limit of both schemes
+    out = m.run(s, dt=dt, n_steps=200).states
+    assert bool(jnp.all(jnp.isfinite(out.u)))
+    assert float(jnp.max(jnp.abs(out.u))) < 0.1  # the adjustment's flow, damped
+    blown = m.advance(s, t0=0.0, dt=without, n_steps=200)  # advance checks no CFL by default
+    assert not bool(jnp.all(jnp.isfinite(blown.u)))
+    with pytest.raises(ValueError, match="breaks the CFL stability limit"):
+        m.run(s, dt=without, n_steps=2)
+
+
+def test_weak_drag_leaves_dt_unchanged_and_viscosity_counts(gyre, adjust):
+    m, s, _ = gyre  # drag 1e-7, viscosity 500: dt as without the drag, to the last bit
+    no_drag = ShallowWater(
+        m.grid,
+        gravity=m.gravity,
+        coriolis=m.coriolis,
+        beta=m.beta,
+        viscosity=m.viscosity,
+        wind_stress=m.wind_stress,
+    )
+    assert m.max_stable_dt(s, 0.5) == no_drag.max_stable_dt(s, 0.5)
+    g = adjust[0].grid
+    nu = 1e7  # the viscous limit binds: dt = √3 / (4ν(1/dx² + 1/dy²))
+    viscous = ShallowWater(g, viscosity=nu).max_stable_dt(adjust[1])
+    assert viscous == pytest.approx(3**0.5 / (4 * nu * (1 / g.dx**2 + 1 / g.dy**2)), rel=1e-15)
+
+
+# ------------------------------------------------------------ 4. transformations over parameters
+def test_grad_wrt_gravity_and_viscosity_match_finite_differences(adjust):
+    m, s, dt = adjust
+
+    def loss(gravity, viscosity):
+        model = ShallowWater(m.grid, gravity=gravity, coriolis=m.coriolis, viscosity=viscosity)
+        out = _last(model.run(s, dt=dt, n_steps=10))
+        return jnp.sum(out.u**2 + out.v**2)
+
+    x0 = (9.81, 1e4)
+    grads = jax.grad(loss, argnums=(0, 1))(*x0)
+    for i, name in enumerate(("gravity", "viscosity")):
+        eps = 1e-5 * x0[i]
+        up = [x + eps * (j == i) for j, x in enumerate(x0)]
+        down = [x - eps * (j == i) for j, x in enumerate(x0)]
+        fd = (float(loss(*up)) - float(loss(*down))) / (2 * eps)
+        assert float(grads[i]) != 0
+        assert abs(float(grads[i]) - fd) <= 1e-6 * abs(fd), name
+
+
+def test_vmap_and_jit_over_coriolis_and_beta(adjust):
+    m, s, dt = adjust
+
+    def final_v(f, beta=0.0):
+        return _last(ShallowWater(m.grid, coriolis=f, beta=beta).run(s, dt=dt, n_steps=6)).v
+
+    fs = jnp.array([5e-5, 1e-4, 2e-4])
+    batched = jax.vmap(final_v)(fs)
+    loop = jnp.stack([final_v(float(f)) for f in fs])
+    assert _max_diff(batched, loop) <= 1e-15
+    assert _max_diff(jax.jit(final_v)(1e-4, 1e-11), final_v(1e-4, 1e-11)) <= 1e-15
+    # max_stable_dt of traced parameters is a traced value, not an error
+    traced = jax.jit(lambda f: ShallowWater(m.grid, coriolis=f).max_stable_dt(s, 0.5))(1e-4)
+    assert float(traced) == pytest.approx(ShallowWater(m.grid).max_stable_dt(s, 0.5), rel=1e-12)
+
+
+# ------------------------------------------------------------ 5. jit over closed-over values
+def test_jit_with_closed_over_concrete_state_and_arrays(adjust):
+    m, s, dt = adjust
+    ref = m.run(s, dt=dt, n_steps=4).states.h.sum()
+    assert float(jax.jit(lambda: m.run(s, dt=dt, n_steps=4).states.h.sum())()) == float(ref)
+    arr = jnp.asarray(s.h)
+    assert _max_diff(jax.jit(lambda: m.initial_state(arr))(), m.initial_state(arr)) == 0
+    # the checks still run on closed-over values inside the trace
+    with pytest.raises(ValueError, match=r"state\.h \(layer thickness\) must be > 0 everywhere"):
+        bad = ShallowWaterState(h=-s.h, u=s.u, v=s.v)
+        jax.jit(lambda: m.run(bad, dt=dt, n_steps=4).states.h.sum())()
+    negative = -arr
+    with pytest.raises(ValueError, match="layer thickness h must be > 0 everywhere"):
+        jax.jit(lambda: m.initial_state(negative))()
+
+
+# ------------------------------------------------------------------ 6. NumPy integer counts
+def test_numpy_integer_step_counts(adjust):
+    m, s, dt = adjust
+    ref = m.run(s, dt=dt, n_steps=4, save_every=2)
+    for n, k in ((np.int64(4), None), (4, np.int64(2)), (np.int32(4), np.int32(2))):
+        out = m.run(s, dt=dt, n_steps=n, save_every=k)
+        assert out.states.h.shape[0] == (1 if k is None else 2)
+        assert _max_diff(out.states.h[-1], ref.states.h[-1]) == 0
+    adv = m.advance(s, t0=0.0, dt=dt, n_steps=np.int64(4))
+    assert _max_diff(adv, _last(ref)) == 0
+
+
+# ----------------------------------------------------------- 7. BacksolveAdjoint wrt the model
+def test_backsolve_adjoint_gradient_wrt_drag():
+    c = make_case("wind-gyre", nx=8, ny=8, precision="float64")
+    m, s = c.model, c.state
+    T = 5 * m.max_stable_dt(s, 0.5)
+
+    def loss(r, adjoint):
+        model = eqx.tree_at(lambda q: q.drag, m, r)
+        sol = model.solve_diffrax(s, 0.0, T, adjoint=adjoint, rtol=1e-10, atol=1e-10)
+        return jnp.sum(sol.ys.u[-1] ** 2)
+
+    r0, eps = 1e-6, 1e-9
+    back = float(jax.grad(loss)(r0, diffrax.BacksolveAdjoint()))
+    fd = (float(loss(r0 + eps, None)) - float(loss(r0 - eps, None))) / (2 * eps)
+    assert back < 0
+    assert abs(back - fd) <= 1e-4 * abs(fd)
+
+
+# --------------------------------------------------------------- 8. solve_diffrax on a mesh
+def test_solve_diffrax_on_a_mesh_equals_one_device(gyre):
+    assert len(jax.devices()) >= 4
+    layout = (2, 2)
+    m, s, dt = gyre
+    ts = jnp.linspace(0.0, 6 * dt, 3)
+    saveat = diffrax.SaveAt(ts=ts)
+    ref = m.solve_diffrax(s, 0.0, 6 * dt, saveat=saveat)
+    mesh = make_mesh(layout)
+    out = m.solve_diffrax(shard(s, m.grid, mesh), 0.0, 6 * dt, saveat=saveat, mesh=mesh)
+    assert _max_diff(out.ys, ref.ys) <= 1e-12
+    assert int(out.stats["num_steps"]) == int(ref.stats["num_steps"])
+    h = out.ys.h
+    assert h.sharding.shard_shape(h.shape) == (3, 16 // layout[0], 16 // layout[1])
+    assert len(h.sharding.device_set) == 4
+
+
+# --------------------------------------------------------------------------- 9. bad states
+def test_bad_states_and_mesh_are_refused_by_name(adjust):
+    m, s, dt = adjust
+    with pytest.raises(ValueError, match=r"state\.h \(layer thickness\) must be > 0 .* of -1 m"):
+        m.run(ShallowWaterState(h=s.h.at[0, 0].set(-1.0), u=s.u, v=s.v), dt=dt, n_steps=2)
+    f32 = jax.tree.map(lambda a: a.astype(jnp.float32), s)
+    with pytest.raises(TypeError, match=r"state\.h has dtype float32 but the model computes in "):
+        m.run(f32, dt=dt, n_steps=2)
+    wrong = jax.tree.map(lambda a: jnp.ones((12, 8)), s)
+    with pytest.raises(ValueError, match=r"state\.h must have the grid shape \(ny, nx\)=\(16, 16"):
+        m.run(wrong, dt=10.0, n_steps=2)
+    with pytest.raises(TypeError, match="state must be a physjax.solvers.ShallowWaterState"):
+        m.run((s.h, s.u, s.v), dt=dt, n_steps=2)
+    with pytest.raises(TypeError, match=r"^mesh must be a jax.sharding.Mesh .* got 4 \(int\)"):
+        m.run(s, dt=dt, n_steps=2, mesh=4)
+    with pytest.raises(TypeError, match=r"^mesh must be a jax.sharding.Mesh"):
+        m.solve_diffrax(s, 0.0, 100.0, mesh="cpu")
+    with pytest.raises(TypeError, match=r"state\.v has dtype float32"):
+        m.step(ShallowWaterState(h=s.h, u=s.u, v=s.v.astype(jnp.float32)), 0.0, dt)
+
+
+# ------------------------------------------------------------------- 10. parameter shapes
+def test_parameters_of_the_wrong_kind_or_shape():
+    g = Grid((8, 12), (1e6, 1e6), periodic=(False, True), dtype="float64")
+    for kwargs, error, match in (
+        ({"drag": np.ones((8, 12))}, ValueError, r"^drag must be a scalar .* shape \(8, 12\)"),
+        ({"gravity": np.ones(3)}, ValueError, r"^gravity must be a scalar .* shape \(3,\)"),
+        ({"coriolis": "1e-4"}, TypeError, r"^coriolis must be a real number, got '1e-4' \(str"),
+        ({"beta": 1e-11 + 1j}, TypeError, r"^beta must be a real number, got complex values"),
+        ({"bottom": np.zeros((8, 12)) + 1j}, TypeError, r"^bottom must be real .*complex"),
+        ({"bottom": np.zeros((12, 8))}, ValueError, r"^bottom must have the grid shape"),
+        (
+            {"wind_stress": np.zeros((8, 12))},
+            ValueError,
+            r"^wind_stress must be a pair \(tau_x, tau_y\) .* an array of shape \(8, 12\)",
+        ),
+        (
+            {"wind_stress": (np.zeros((8, 12)),) * 3},
+            ValueError,
+            r"^wind_stress must be a pair .* got a tuple of 3 item",
+        ),
+    ):
+        with pytest.raises(error, match=match):
+            ShallowWater(g, **kwargs)
+    m = ShallowWater(g)
+    with pytest.raises(TypeError, match=r"^h must be real numbers .* complex values"):
+        m.initial_state(np.full((8, 12), 100 + 1j))
+
+
+# -------------------------------------------------------------------------- 11. dt checks
+def test_dt_checks_of_advance_step_check_dt_and_tolerances(adjust):
+    m, s, dt = adjust
+    limit = m.max_stable_dt(s)
+    for bad in (-1.0, NAN, 0.0, "10"):
+        for call in (
+            lambda bad=bad: m.advance(s, t0=0.0, dt=bad, n_steps=2),
+            lambda bad=bad: m.step(s, 0.0, bad),
+        ):
+            with pytest.raises(ValueError, match=r"^dt must be a finite number > 0 \(seconds\)"):
+                call()
+    with pytest.raises(ValueError, match=r"^dt=1e\+09 s breaks the CFL stability limit"):
+        m.advance(s, t0=0.0, dt=1e9, n_steps=2, cfl_check=True)
+    m.check_dt(s, jnp.asarray(0.5 * limit))  # a 0-d array is a number
+    m.check_dt(s, np.float32(0.5 * limit))
+    with pytest.raises(ValueError, match=r"lower dt, or take dt = model\.max_stable_dt\(state"):
+        m.check_dt(s, jnp.asarray(2 * limit))
+    for cfl in (-1, 0, NAN, INF):
+        with pytest.raises(ValueError, match=r"^cfl must be a finite number > 0 \(a fraction"):
+            m.max_stable_dt(s, cfl=cfl)
+    for kw in ({"rtol": -1.0}, {"atol": NAN}, {"rtol": 0.0}):
+        ((name, value),) = kw.items()
+        with pytest.raises(ValueError, match=f"^{name} must be a finite number > 0 \\(a tol"):
+            m.solve_diffrax(s, 0.0, 100.0, **kw)
+
+
+# ----------------------------------------------------------------------- 12. make_case checks
+def test_make_case_numpy_scalars_and_aliased_modes():
+    a = make_case("gravity-wave", nx=8, ny=8, mean_depth=np.float32(100.0))
+    b = make_case("gravity-wave", nx=8, ny=8, mean_depth=100.0)
+    assert _max_diff(a.state, b.state) == 0
+    make_case("wind-gyre", nx=8, ny=8, drag=np.float32(1e-6), viscosity=np.int64(100))
+    with pytest.raises(ValueError, match=r"^the gravity-wave mode \(mode_x=64, mode_y=64\) alias"):
+        make_case("gravity-wave", mode_x=64, mode_y=64)
+    with pytest.raises(ValueError, match=r"mode_x is a multiple of nx and mode_y a multiple of"):
+        make_case("gravity-wave", nx=8, ny=4, mode_x=16, mode_y=-4)
+    with pytest.raises(ValueError, match=r"too small for the gravity-wave mode .* nx >= 3 or ny"):
+        make_case("gravity-wave", nx=1, ny=1)
+
+
+# ------------------------------------------------------------------------ 13. float32 diffrax
+def test_solve_diffrax_keeps_a_float32_model_in_float32():
+    c = make_case("gravity-wave", nx=8, ny=8, precision="float32")
+    sol = c.model.solve_diffrax(c.state, 0.0, 600.0, dt0=60.0)
+    assert sol.ts.dtype == jnp.float32
+    assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(sol.ys))
+    assert float(sol.ts[-1]) == 600.0
+
+
+# ----------------------------------------------------------------------- 14. the docstring
+def test_strip_rows_docstring_describes_the_cache_rule():
+    doc = " ".join(ShallowWater.__doc__.split())
+    assert "no longer fits in the last-level cache" in doc
+    assert "for fields of 4 MiB or more (768² float64, 1024² float32)" in doc
+    assert "(e.g. 1024² float32 or float64)" not in doc
+
+
+def test_advance_lets_a_drying_layer_through_for_the_blow_up_driver(adjust):
+    m, s, dt = adjust
+    dry = ShallowWaterState(h=s.h.at[0, 0].set(-1.0), u=s.u, v=s.v)
+    with pytest.raises(ValueError, match=r"state\.h \(layer thickness\) must be > 0"):
+        m.run(dry, dt=dt, n_steps=1)
+    out = m.advance(dry, t0=0.0, dt=dt, n_steps=1)  # finite, so the driver can locate a blow-up
+    assert _max_diff(out, m.step(dry, 0.0, dt)) <= 1e-12
+    assert float(out.h[0, 0]) != float(dry.h[0, 0])
