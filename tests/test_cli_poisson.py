@@ -403,7 +403,12 @@ def test_packed_and_missing_values_read_as_cf_readers_do(tmp_path, capsys):
         src,
         engine="h5netcdf",
         encoding={
-            "qpack": {"dtype": "int16", "scale_factor": 1e-4, "add_offset": 1.0},
+            "qpack": {
+                "dtype": "int16",
+                "scale_factor": 1e-4,
+                "add_offset": 1.0,
+                "_FillValue": -32768,  # present, but no cell has it
+            },
             "qfill": {"_FillValue": -999.0},
         },
     )

@@ -542,24 +542,23 @@ def test_thin_layers_line_relaxation_bounded_cycles():
 
 def test_thin_layers_line_relaxation_with_coefficient():
     """A coefficient varying 100-fold in the vertical (stratification) and 2-fold across:
-    the V-cycle (lines) and CG agree, and the residual reported is the true one."""
+    CG preconditioned by the line-relaxed V-cycle converges in a few iterations, and the
+    residual it reports is the true one."""
     grid = _grid(*_THIN[:1], False, _THIN[1])
     nz, ny, nx = grid.shape
     z = (np.arange(nz) + 0.5) / nz
     _, Y, X = np.meshgrid(z, (np.arange(ny) + 0.5) / ny, (np.arange(nx) + 0.5) / nx, indexing="ij")
     a = 10.0 ** (2 * z[:, None, None]) * (1.5 + 0.5 * np.sin(2 * PI * X) * np.cos(PI * Y))
     f = np.random.default_rng(10).normal(size=grid.shape)
-    mg_solver = PoissonSolver(grid, "dirichlet", "multigrid", coefficient=a)
-    mg = mg_solver.solve(f)
-    cg = PoissonSolver(grid, "dirichlet", "cg", coefficient=a).solve(f)
-    assert int(mg.iterations) <= 14 and int(cg.iterations) <= 9, (mg.iterations, cg.iterations)
-    assert _rel(mg.u, cg.u) <= 1e-8
-    res = np.linalg.norm(mg_solver.residual(mg.u, f)) / np.linalg.norm(f)
-    assert res <= 1.01 * float(mg.residual_norm) + 1e-15 and res <= 1e-10
+    solver = PoissonSolver(grid, "dirichlet", "cg", coefficient=a)
+    sol = solver.solve(f)
+    assert bool(sol.converged) and int(sol.iterations) <= 9, sol.iterations
+    res = np.linalg.norm(solver.residual(sol.u, f)) / np.linalg.norm(f)
+    assert res <= 1.01 * float(sol.residual_norm) + 1e-15 and res <= 1e-10
 
 
 @pytest.mark.multidevice
-@pytest.mark.parametrize("layout", [(1, 2, 2), (2, 1, 2)])
+@pytest.mark.parametrize("layout", [(1, 2, 2), pytest.param((2, 1, 2), marks=pytest.mark.slow)])
 def test_thin_layers_multi_device_equals_one_device(layout):
     """(1, 2, 2): the lines stay on one device and the line levels are split in x and y;
     (2, 1, 2): the layers are split, so the levels after the vertical halving are gathered
