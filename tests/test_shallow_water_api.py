@@ -275,7 +275,7 @@ def test_bad_states_and_mesh_are_refused_by_name(adjust):
     with pytest.raises(TypeError, match=r"^mesh must be a jax.sharding.Mesh"):
         m.solve_diffrax(s, 0.0, 100.0, mesh="cpu")
     with pytest.raises(TypeError, match=r"state\.v has dtype float32"):
-        m.step(ShallowWaterState(h=s.h, u=s.u, v=s.v.astype(jnp.float32)), 0.0, dt)
+        m.step(ShallowWaterState(h=s.h, u=s.u, v=s.v.astype(jnp.float32)), dt)
 
 
 # ------------------------------------------------------------------- 10. parameter shapes
@@ -313,7 +313,7 @@ def test_dt_checks_of_advance_step_check_dt_and_tolerances(adjust):
     for bad in (-1.0, NAN, 0.0, "10"):
         for call in (
             lambda bad=bad: m.advance(s, t0=0.0, dt=bad, n_steps=2),
-            lambda bad=bad: m.step(s, 0.0, bad),
+            lambda bad=bad: m.step(s, bad),
         ):
             with pytest.raises(ValueError, match=r"^dt must be a finite number > 0 \(seconds\)"):
                 call()
@@ -369,5 +369,19 @@ def test_advance_lets_a_drying_layer_through_for_the_blow_up_driver(adjust):
     with pytest.raises(ValueError, match=r"state\.h \(layer thickness\) must be > 0"):
         m.run(dry, dt=dt, n_steps=1)
     out = m.advance(dry, t0=0.0, dt=dt, n_steps=1)  # finite, so the driver can locate a blow-up
-    assert _max_diff(out, m.step(dry, 0.0, dt)) <= 1e-12
+    assert _max_diff(out, m.step(dry, dt)) <= 1e-12
     assert float(out.h[0, 0]) != float(dry.h[0, 0])
+
+
+# ------------------------------------------------------------------ the step contract
+def test_step_takes_state_and_dt_as_the_design_says(gyre):
+    """``step(state, dt)`` (DESIGN.md), the time a keyword: one step equals a one-step
+    ``advance``; the old positional ``step(state, t, dt)`` is a TypeError, not a silent swap."""
+    m, s, dt = gyre
+    one = jax.jit(lambda st: m.step(st, dt))(s)
+    ref = m.advance(s, t0=0.0, dt=dt, n_steps=1)
+    assert _max_diff(one, ref) <= 1e-15 * float(jnp.max(s.h))
+    assert _max_diff(one, s) > 1e-6  # it did step
+    assert _max_diff(jax.jit(lambda st: m.step(st, dt, t=3600.0))(s), one) == 0.0
+    with pytest.raises(TypeError):
+        m.step(s, 0.0, dt)

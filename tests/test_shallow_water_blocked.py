@@ -70,8 +70,8 @@ def test_strips_equal_plain_step_bit_for_bit(periodic, m, kw, check_step):
         return
     # A compiled single step too. (Run eagerly, op by op, the plain step has no fused
     # multiply-adds while the strip loop is always compiled: they then differ in the last bit.)
-    step_a = jax.jit(lambda st: plain.step(st, 0.0, dt))(s)
-    step_b = jax.jit(lambda st: blocked.step(st, 0.0, dt))(s)
+    step_a = jax.jit(lambda st: plain.step(st, dt))(s)
+    step_b = jax.jit(lambda st: blocked.step(st, dt))(s)
     for a, b in zip(jax.tree.leaves(step_a), jax.tree.leaves(step_b)):
         if m < NY:
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

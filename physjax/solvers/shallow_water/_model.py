@@ -465,10 +465,13 @@ class ShallowWater(eqx.Module):
 
         return scheme(self.scheme)(rhs, state, t, dt)
 
-    def step(self, state: ShallowWaterState, t: ArrayLike, dt: ArrayLike) -> ShallowWaterState:
-        """One step of the fixed-step scheme. The state's type, shapes and dtype are checked,
-        and ``dt`` must be a finite number > 0 when it has a value (the stability limit is
-        not checked here: see [`check_dt`][physjax.solvers.ShallowWater.check_dt])."""
+    def step(
+        self, state: ShallowWaterState, dt: ArrayLike, *, t: ArrayLike = 0.0
+    ) -> ShallowWaterState:
+        """One step of the fixed-step scheme from time ``t`` (keyword; the built-in forcing
+        does not depend on it). The state's type, shapes and dtype are checked, and ``dt``
+        must be a finite number > 0 when it has a value (the stability limit is not checked
+        here: see [`check_dt`][physjax.solvers.ShallowWater.check_dt])."""
         # Not the values: that would cost a transfer from the device at every step.
         self._check_state(state, values=False)
         _check_time("dt", dt, positive=True)
