@@ -342,6 +342,9 @@ def test_bad_input_errors():
     with pytest.raises(ValueError, match="line relaxation takes over only along a single"):
         PoissonSolver(thin, ("periodic", "neumann", "neumann"), "cg")
     assert PoissonSolver(thin, ("periodic", "neumann", "neumann"), "spectral").singular
+    # lines along z, but ny = 33 cannot be halved: the message names the odd size
+    with pytest.raises(ValueError, match=r"relaxes lines along z .* which reach ny=33 at a level"):
+        PoissonSolver(_grid((8, 33, 32), False, (100.0, 5e5, 5e5)), "neumann", "cg")
     with pytest.raises(ValueError, match="coefficient must be finite and > 0"):
         PoissonSolver(walls, "dirichlet", "cg", coefficient=-np.ones((16, 16)))
     with pytest.raises(ValueError, match="coefficient must have the grid's shape"):

@@ -153,9 +153,14 @@ def test_weak_drag_leaves_dt_unchanged_and_viscosity_counts(gyre, adjust):
     )
     assert m.max_stable_dt(s, 0.5) == no_drag.max_stable_dt(s, 0.5)
     g = adjust[0].grid
-    nu = 1e7  # the viscous limit binds: dt = √3 / (4ν(1/dx² + 1/dy²))
+    nu = 1e7  # the damping limit binds: dt = 1.64 / (r + 4ν(1/dx² + 1/dy²))
+    k2 = 1 / g.dx**2 + 1 / g.dy**2
     viscous = ShallowWater(g, viscosity=nu).max_stable_dt(adjust[1])
-    assert viscous == pytest.approx(3**0.5 / (4 * nu * (1 / g.dx**2 + 1 / g.dy**2)), rel=1e-15)
+    assert viscous == pytest.approx(1.64 / (4 * nu * k2), rel=1e-15)
+    # one rule for drag and viscosity: no jump as the drag goes to zero
+    tiny = ShallowWater(g, viscosity=nu, drag=1e-12).max_stable_dt(adjust[1])
+    assert tiny == pytest.approx(1.64 / (1e-12 + 4 * nu * k2), rel=1e-15)
+    assert viscous / tiny - 1 <= 1e-6
 
 
 # ------------------------------------------------------------ 4. transformations over parameters
@@ -338,6 +343,12 @@ def test_make_case_numpy_scalars_and_aliased_modes():
     b = make_case("gravity-wave", nx=8, ny=8, mean_depth=100.0)
     assert _max_diff(a.state, b.state) == 0
     make_case("wind-gyre", nx=8, ny=8, drag=np.float32(1e-6), viscosity=np.int64(100))
+    # 0-d arrays with values are numbers too
+    d = make_case("gravity-wave", nx=8, ny=8, mean_depth=np.array(100.0), mode_y=np.array(1))
+    assert _max_diff(d.state, b.state) == 0
+    make_case("wind-gyre", nx=8, ny=8, gravity=jnp.array(9.8), drag=np.array(1e-6))
+    with pytest.raises(TypeError, match="parameter mean_depth must be a number"):
+        make_case("gravity-wave", nx=8, ny=8, mean_depth=np.array([100.0]))
     with pytest.raises(ValueError, match=r"^the gravity-wave mode \(mode_x=64, mode_y=64\) alias"):
         make_case("gravity-wave", mode_x=64, mode_y=64)
     with pytest.raises(ValueError, match=r"mode_x is a multiple of nx and mode_y a multiple of"):
@@ -353,6 +364,9 @@ def test_solve_diffrax_keeps_a_float32_model_in_float32():
     assert sol.ts.dtype == jnp.float32
     assert all(a.dtype == jnp.float32 for a in jax.tree.leaves(sol.ys))
     assert float(sol.ts[-1]) == 600.0
+    # NumPy float64 tolerances (with x64 on) do not promote the step-size controller
+    tol = c.model.solve_diffrax(c.state, 0.0, 600.0, rtol=np.float64(1e-4), atol=np.float64(1e-6))
+    assert tol.ts.dtype == jnp.float32 and tol.ys.h.dtype == jnp.float32
 
 
 # ----------------------------------------------------------------------- 14. the docstring

@@ -114,8 +114,20 @@ def build_hierarchy(grid: Grid, max_coarse: int) -> tuple[Level, ...] | None:
     along an axis much finer than the others), that axis is relaxed by lines from there
     on and the other axes are halved (see [`line_axis_for`][]).
 
-    Returns ``None`` when the coarsest reachable level has more than ``max_coarse`` cells.
+    Returns ``None`` when the coarsest reachable level has more than ``max_coarse`` cells
+    ([`coarsening_stop`][] says where and why).
     """
+    levels, _, _ = _coarsen(grid, max_coarse)
+    return levels
+
+
+def coarsening_stop(grid: Grid, max_coarse: int) -> tuple[Grid, int | None]:
+    """The level where coarsening stopped, and the line axis then in use (or ``None``)."""
+    _, g, line = _coarsen(grid, max_coarse)
+    return g, line
+
+
+def _coarsen(grid: Grid, max_coarse: int):
     levels = []
     g = grid
     line = None
@@ -143,9 +155,9 @@ def build_hierarchy(grid: Grid, max_coarse: int) -> tuple[Level, ...] | None:
             g = _coarse_grid(g, halved)
             continue
         if g.size > max_coarse:
-            return None
+            return None, g, line
         levels.append(Level(g, "coarsest"))
-        return tuple(levels)
+        return tuple(levels), g, line
 
 
 def split_names(grid: Grid) -> tuple[str, ...]:

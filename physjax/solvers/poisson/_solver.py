@@ -243,6 +243,22 @@ class PoissonSolver(eqx.Module):
         if method != "spectral":
             levels = mg.build_hierarchy(local, max_coarse)
             spacing = grid.spacing
+            stop, line = (None, None) if levels else mg.coarsening_stop(local, max_coarse)
+            if levels is None and line is not None:
+                names = grid.axis_names
+                odd = [
+                    f"n{names[a]}={n}"
+                    for a, n in enumerate(stop.shape)
+                    if a != line and (n % 2 or n < 4)
+                ]
+                raise ValueError(
+                    f"multigrid cannot coarsen grid.shape={grid.shape}: it relaxes lines along "
+                    f"{names[line]} (a thin axis) and halves the other axes, which reach "
+                    f"{', '.join(odd) or 'sizes that cannot be halved'} at a level of shape "
+                    f"{stop.shape} with more than max_coarse={max_coarse} cells; use sizes "
+                    f"c·2^k with a small c (e.g. 96, 128, 160) along the other axes, or "
+                    f"method='spectral' (constant coefficient)"
+                )
             if levels is None and max(spacing) >= mg.ANISOTROPY_FACTOR * min(spacing):
                 raise ValueError(
                     f"multigrid cannot coarsen grid.shape={grid.shape} with spacings "

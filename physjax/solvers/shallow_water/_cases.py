@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..._custom_types import is_concrete
 from ...grids import CENTRE, X_FACE, Y_FACE, Grid
 from ._model import ShallowWater, ShallowWaterState
 
@@ -53,6 +54,13 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(
         value, (bool, np.bool_)
     )
+
+
+def _number_of(value: Any) -> Any:
+    """The Python number held by a 0-d array that has a value; anything else unchanged."""
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "dtype") and is_concrete(value):
+        return np.asarray(value).item()
+    return value
 
 
 def _positive(params: dict, *names: str) -> None:
@@ -414,6 +422,8 @@ def make_case(
             f"unknown parameter(s) {unknown} for case {name!r}; allowed: "
             f"{', '.join(sorted(spec.defaults))}"
         )
+    # 0-d arrays with values (np.array(50.0), jnp.array(9.81)) are numbers, as elsewhere
+    parameters = {key: _number_of(value) for key, value in parameters.items()}
     for key, value in parameters.items():
         _check_type(key, value, spec.defaults[key])
     if precision not in ("float32", "float64"):

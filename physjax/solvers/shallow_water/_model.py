@@ -587,7 +587,7 @@ class ShallowWater(eqx.Module):
 
         Gravity waves on the C-grid reach ω = (c + |u|)·2·√(1/dx² + 1/dy²); the scheme is
         stable for ω dt up to its imaginary-axis limit L (√3 for SSP-RK3, 2√2 for RK4).
-        Viscosity adds dt ≤ L / (4ν(1/dx² + 1/dy²)), rotation dt ≤ L / |f|max, and linear drag
+        Rotation adds dt ≤ L / |f|max, and damping — linear drag and viscosity together —
         dt ≤ X / (r + 4ν(1/dx² + 1/dy²)), with X the damping limit that holds together with
         waves at L (1.64 for SSP-RK3, 0.68 for RK4; see
         ``physjax.solvers._time_stepping.DAMPING_LIMITS``). A Python float when the state and
@@ -605,15 +605,14 @@ class ShallowWater(eqx.Module):
         speed = float(np.maximum(np.max(np.abs(fields["u"])), np.max(np.abs(fields["v"]))))
         c = math.sqrt(float(self.gravity) * depth) + speed
         dt = limit / (2 * c * inv)
-        nu = 0.0 if self.viscosity is None else float(self.viscosity)
-        if nu > 0:
-            dt = min(dt, limit / (4 * nu * inv**2))
         f = abs(float(self.coriolis)) + abs(float(self.beta)) * g.extent[0] / 2
         if f > 0:
             dt = min(dt, limit / f)
+        nu = 0.0 if self.viscosity is None else float(self.viscosity)
         r = 0.0 if self.drag is None else float(self.drag)
-        if r > 0:
-            dt = min(dt, damping / (r + 4 * nu * inv**2))
+        damping_rate = r + 4 * nu * inv**2  # the most negative real eigenvalue
+        if damping_rate > 0:
+            dt = min(dt, damping / damping_rate)
         return float(cfl) * dt
 
     def _max_stable_dt_traced(self, state, cfl, inv, limit, damping):
@@ -622,14 +621,12 @@ class ShallowWater(eqx.Module):
         depth = jnp.max(state.h)
         speed = jnp.maximum(jnp.max(jnp.abs(state.u)), jnp.max(jnp.abs(state.v)))
         dt = limit / (2 * (jnp.sqrt(self.gravity * depth) + speed) * inv)
-        nu = 0.0 if self.viscosity is None else self.viscosity
-        if self.viscosity is not None:
-            dt = jnp.where(nu > 0, jnp.minimum(dt, limit / (4 * nu * inv**2)), dt)
         f = jnp.abs(self.coriolis) + jnp.abs(self.beta) * g.extent[0] / 2
         dt = jnp.where(f > 0, jnp.minimum(dt, limit / f), dt)
-        if self.drag is not None:
-            r = self.drag
-            dt = jnp.where(r > 0, jnp.minimum(dt, damping / (r + 4 * nu * inv**2)), dt)
+        nu = 0.0 if self.viscosity is None else self.viscosity
+        r = 0.0 if self.drag is None else self.drag
+        rate = r + 4 * nu * inv**2
+        dt = jnp.where(rate > 0, jnp.minimum(dt, damping / jnp.where(rate > 0, rate, 1)), dt)
         return cfl * dt
 
     def check_dt(self, state: ShallowWaterState, dt: float) -> None:
@@ -771,6 +768,8 @@ class ShallowWater(eqx.Module):
         for name in ("rtol", "atol"):
             if name in kwargs:
                 _check_time(name, kwargs[name], positive=True, unit="a tolerance")
+                if is_concrete(kwargs[name]):  # a float64 tolerance would promote float32 times
+                    kwargs[name] = float(kwargs[name])
         if kwargs.get("dt0") is not None:
             _check_time("dt0", kwargs["dt0"])
             kwargs["dt0"] = jnp.asarray(kwargs["dt0"], dtype)
