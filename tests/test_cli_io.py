@@ -534,3 +534,31 @@ def test_a_reader_holding_the_file_open_does_not_stop_the_run(tmp_path):
     with xr.open_dataset(out) as ds:
         assert ds.attrs["status"] == "complete"
         assert ds.sizes["time"] == ds.attrs["n_frames"] > 2
+
+
+def test_reopen_refuses_a_foreign_file_or_another_grid_untouched(tmp_path):
+    """Appending checks the file first: a file physjax did not write, or one of another grid,
+    is refused and left byte for byte as it was (it used to be marked "running")."""
+    from physjax.grids import Grid
+    from physjax.io import NetCDFWriter, Variable
+
+    g = Grid((4, 6), (1.0, 1.0), dtype="float64")
+    variables = [Variable("h", ("centre", "centre"), "m", "thickness")]
+    foreign = tmp_path / "foreign.h5"
+    with h5py.File(foreign, "w") as f:
+        f["a"] = np.zeros(3)
+    before = foreign.read_bytes()
+    with pytest.raises(ValueError, match="is not a physjax output file with frames"):
+        NetCDFWriter.reopen(foreign, g, variables)
+    assert foreign.read_bytes() == before
+    mine = tmp_path / "mine.h5"
+    w = NetCDFWriter(mine, g, variables)
+    w.append(0.0, 0, {"h": np.ones((4, 6))})
+    before = mine.read_bytes()
+    other = Grid((5, 6), (1.0, 1.0), dtype="float64")
+    with pytest.raises(ValueError, match=r"holds a grid of \{'y': 4, 'x': 6\}, not the"):
+        NetCDFWriter.reopen(mine, other, variables)
+    with pytest.raises(ValueError, match=r"has no variable\(s\) \['u'\]"):
+        NetCDFWriter.reopen(mine, g, [*variables, Variable("u", ("centre", "face"), "m", "u")])
+    assert mine.read_bytes() == before
+    assert NetCDFWriter.reopen(mine, g, variables).append(1.0, 1, {"h": 2 * np.ones((4, 6))}) == 2

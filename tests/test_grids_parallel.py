@@ -39,6 +39,16 @@ def test_grid_geometry():
         ({"shape": (4, 4), "extent": (1,)}, "extent must have 2 entries"),
         ({"shape": (4,), "extent": (1,)}, "shape must have 2"),
         ({"shape": (4, 4), "extent": (1, 1), "dtype": "int32"}, "dtype must be one of"),
+        # silently misread before: strings as True, None/"float" as float64, True as 1
+        ({"shape": (4, 4), "extent": (1, 1), "periodic": ("false", "false")}, "periodic must"),
+        ({"shape": (4, 4), "extent": (1, 1), "periodic": "no"}, "periodic must be a sequence"),
+        ({"shape": (4, 4), "extent": (1, 1), "dtype": None}, "dtype must be one of"),
+        ({"shape": (4, 4), "extent": (1, 1), "dtype": "float"}, "dtype must be one of"),
+        ({"shape": (4, 4), "extent": (1, 1), "origin": (np.nan, 0)}, "origin must be 2 finite"),
+        ({"shape": (4, 4), "extent": (1, 1), "halo": True}, "halo must be a positive integer"),
+        ({"shape": (4, 3), "extent": (1, 1), "halo": 5}, "halo=5 is wider than the grid along"),
+        ({"shape": 4, "extent": (1, 1)}, "shape must be a sequence"),
+        ({"shape": (4, 4), "extent": 1.0}, "extent must be a sequence"),
     ],
 )
 def test_grid_rejects_bad_input(kwargs, match):
@@ -105,6 +115,10 @@ def test_make_mesh_layouts_and_errors():
         make_mesh(16)
     with pytest.raises(ValueError, match="needs 2 positive entries"):
         make_mesh((2, 0))
+    assert dict(make_mesh(4, ndim=3).shape) == {"z": 1, "y": 2, "x": 2}  # columns whole
+    for bad in (True, (2.5, 1), ("2", 1)):  # (2.5, 1) was truncated to a 2×1 mesh
+        with pytest.raises(ValueError, match="devices must be a number of devices or a layout"):
+            make_mesh(bad)
 
 
 @pytest.mark.multidevice
@@ -146,3 +160,45 @@ def test_halo_round_trip_and_discrete_gauss(ny, nx, py, px, seed):
     assert np.array_equal(interior(p, g), f)
     total = float(jnp.sum(interior(laplacian(p, g), g)))
     assert abs(total) <= 1e-10 * float(jnp.sum(jnp.abs(f))) * (nx * ny) ** 2
+
+
+def test_locations_parities_and_widths_are_checked():
+    """A misspelt stagger used to be taken for a face (odd reflection, face coordinates, a
+    file whose dims contradict its metadata); wrong lengths and parities were accepted."""
+    from physjax.io import NetCDFWriter, Variable
+
+    g = Grid((4, 6), (1.0, 1.0), periodic=(False, True), dtype="float64")
+    f = jnp.arange(24.0).reshape(4, 6)
+    with pytest.raises(ValueError, match='location must give "centre" or "face" for each of'):
+        fill_halo(f, g, ("center", "centre"))
+    with pytest.raises(ValueError, match="location must give"):
+        fill_halo(f, g, ("centre", "centre", "face"))
+    with pytest.raises(ValueError, match="parity must give"):
+        fill_halo(f, g, CENTRE, parity=(2, 1))
+    with pytest.raises(ValueError, match="parity must give"):
+        fill_halo(f, g, CENTRE, parity=(1,))
+    with pytest.raises(ValueError, match=r"a block of ny=4 cells cannot fill a halo of width 4"):
+        fill_halo(f, g, Y_FACE, width=4)  # a face on a wall mirrors cells 1..4: needs 5
+    assert fill_halo(f, g, CENTRE, width=4).shape == (12, 14)
+    with pytest.raises(ValueError, match="stagger must give"):
+        g.coordinates("x", "center")
+    with pytest.raises(ValueError, match="Variable.location must give"):
+        NetCDFWriter(
+            "/nonexistent-dir-is-not-reached/q.h5",
+            g,
+            [Variable("q", ("center", "centre"), "1", "q")],
+        )
+
+
+def test_interior_keeps_batch_axes_and_zeros_is_local():
+    g = Grid((8, 8), (1.0, 1.0))
+    batch = jnp.arange(3 * 10 * 10.0).reshape(3, 10, 10)
+    out = interior(batch, g)
+    assert out.shape == (3, 8, 8)
+    np.testing.assert_array_equal(out[1], batch[1, 1:-1, 1:-1])
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 (simulated) devices")
+    mesh = make_mesh(4)
+    h = jnp.ones((8, 8), jnp.float32)
+    z = shard_map_fields(lambda grid, h: h + grid.zeros(), g, mesh)(h)
+    assert z.shape == (8, 8) and float(jnp.abs(z - 1).max()) == 0

@@ -27,6 +27,24 @@ CORNER: tuple[Stagger, Stagger] = ("face", "face")
 _DTYPES = ("float32", "float64")
 
 
+def _as_tuple(name: str, value, what: str) -> tuple:
+    """``value`` as a tuple, refusing a single number or string by name."""
+    if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
+        raise ValueError(f"{name} must be a sequence of {what}, got {value!r}")
+    return tuple(value)
+
+
+def check_location(location, ndim: int, what: str = "location") -> tuple[str, ...]:
+    """A stagger per axis, each ``"centre"`` or ``"face"`` (anything else — ``"center"``
+    included — would silently be taken for a face)."""
+    loc = _as_tuple(what, location, f'"centre"/"face" per axis ({ndim} of them)')
+    if len(loc) != ndim or not all(s in ("centre", "face") for s in loc):
+        raise ValueError(
+            f'{what} must give "centre" or "face" for each of the {ndim} axes, got {location!r}'
+        )
+    return loc
+
+
 def _axis_names(ndim: int) -> tuple[str, ...]:
     return AXIS_NAMES_2D if ndim == 2 else AXIS_NAMES_3D
 
@@ -76,8 +94,8 @@ class Grid(eqx.Module):
         mesh_axes: Sequence[str | None] | None = None,
         mesh_shape: Sequence[int] | None = None,
     ):
-        shape = tuple(shape)
-        extent = tuple(extent)
+        shape = _as_tuple("shape", shape, "sizes (ny, nx) or (nz, ny, nx)")
+        extent = _as_tuple("extent", extent, "domain lengths [m], one per axis")
         ndim = len(shape)
         if ndim not in (2, 3):
             raise ValueError(f"shape must have 2 (ny, nx) or 3 (nz, ny, nx) entries, got {shape}")
@@ -96,17 +114,44 @@ class Grid(eqx.Module):
                 )
         if isinstance(periodic, (bool, np.bool_)):
             periodic = (bool(periodic),) * ndim
+        periodic = _as_tuple("periodic", periodic, f"True/False or {ndim} of them")
+        # bool("false") is True: only real booleans (or 0/1) are read as such
+        if not all(isinstance(p, (bool, np.bool_)) or p in (0, 1) for p in periodic):
+            raise ValueError(f"periodic must be True/False or {ndim} of them, got {periodic!r}")
         periodic = tuple(bool(p) for p in periodic)
         if len(periodic) != ndim:
             raise ValueError(f"periodic must have {ndim} entries, got {periodic}")
-        origin = (0.0,) * ndim if origin is None else tuple(float(o) for o in origin)
-        if len(origin) != ndim:
-            raise ValueError(f"origin must have {ndim} entries, got {origin}")
-        dtype = jnp.dtype(dtype).name
-        if dtype not in _DTYPES:
+        if origin is None:
+            origin = (0.0,) * ndim
+        origin = _as_tuple("origin", origin, "coordinates [m] of the low corner")
+        if len(origin) != ndim or not all(
+            isinstance(o, (int, float, np.integer, np.floating)) and math.isfinite(o)
+            for o in origin
+        ):
+            raise ValueError(f"origin must be {ndim} finite numbers, got {origin!r}")
+        origin = tuple(float(o) for o in origin)
+        # names only ("float32"/"float64"): dtype=None or "float" would silently mean float64
+        if isinstance(dtype, str):
+            name = dtype
+        elif dtype is None or isinstance(dtype, (bool, int, float)):
+            name = None
+        else:  # a NumPy/JAX dtype or scalar type
+            try:
+                name = np.dtype(dtype).name
+            except TypeError:
+                name = None
+        if name not in _DTYPES:
             raise ValueError(f"dtype must be one of {_DTYPES}, got {dtype!r}")
-        if not isinstance(halo, int) or halo < 1:
+        dtype = name
+        if isinstance(halo, bool) or not isinstance(halo, (int, np.integer)) or halo < 1:
             raise ValueError(f"halo must be a positive integer, got {halo!r}")
+        halo = int(halo)
+        for name_, n in zip(names, shape):
+            if halo > n:
+                raise ValueError(
+                    f"halo={halo} is wider than the grid along {name_} (n{name_}={n}): a halo "
+                    f"holds at most the cells it mirrors or wraps"
+                )
         self.shape = tuple(int(n) for n in shape)
         self.extent = tuple(float(length) for length in extent)
         self.periodic = periodic
@@ -163,6 +208,7 @@ class Grid(eqx.Module):
 
     def coordinates(self, name: str, stagger: Stagger = "centre") -> np.ndarray:
         """Global 1-D coordinates (NumPy, float64) of centres or low faces along an axis."""
+        check_location((stagger,), 1, "stagger")
         a = self.axis(name)
         n, d, o = self.shape[a], self.spacing[a], self.origin[a]
         offset = 0.5 if stagger == "centre" else 0.0
@@ -174,7 +220,9 @@ class Grid(eqx.Module):
         return tuple(np.meshgrid(*axes, indexing="ij"))
 
     def zeros(self, dtype=None) -> jax.Array:
-        return jnp.zeros(self.shape, dtype or self.dtype)
+        """Zeros of the (local) block shape: the whole grid, or inside ``shard_map`` one
+        device's block."""
+        return jnp.zeros(self.local_shape, dtype or self.dtype)
 
     # ---------------------------------------------------------- decomposition
     @property

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..parallel._halo import exchange_halo
-from ._grid import Grid, Stagger
+from ._grid import Grid, Stagger, check_location
 
 
 def _flip(x: jax.Array, axis: int) -> jax.Array:
@@ -85,7 +85,9 @@ def fill_halo(
     - `location`: stagger per axis, ``"centre"`` or ``"face"`` (default all centres).
     - `parity`: per axis, the reflection used at walls: ``+1`` even (free-slip tangential
       velocity, scalars with zero normal flux), ``-1`` odd (no-slip tangential velocity,
-      homogeneous Dirichlet, normal velocity). Default ``+1`` at centres, ``-1`` on faces.
+      homogeneous Dirichlet, normal velocity). Default ``+1`` at centres, ``-1`` on faces;
+      a face along a walled axis is the normal component, which vanishes on the wall, so
+      only ``-1`` is accepted there.
     - `width`: halo width (default ``grid.halo``).
 
     **Returns:** the field padded by ``width`` on every side of every axis, corners included.
@@ -95,10 +97,25 @@ def fill_halo(
         raise ValueError(f"field must have {nd} dimensions like the grid, got shape {field.shape}")
     if tuple(field.shape) != grid.local_shape:
         raise ValueError(f"field shape {field.shape} does not match the grid {grid.local_shape}")
-    location = ("centre",) * nd if location is None else tuple(location)
+    location = ("centre",) * nd if location is None else check_location(location, nd)
     if parity is None:
         parity = tuple(1 if s == "centre" else -1 for s in location)
+    parity = tuple(parity)
+    if len(parity) != nd or not all(p in (1, -1) for p in parity):
+        raise ValueError(f"parity must give +1 or -1 for each of the {nd} axes, got {parity!r}")
     width = grid.halo if width is None else width
+    if isinstance(width, bool) or not isinstance(width, int) or width < 1:
+        raise ValueError(f"width must be a positive integer, got {width!r}")
+    for axis, (n, s) in enumerate(zip(field.shape, location)):
+        # a face field on a wall mirrors cells 1..width: one more than the halo
+        need = width + (1 if s == "face" and not grid.periodic[axis] else 0)
+        if n < need:
+            name = grid.axis_names[axis]
+            raise ValueError(
+                f"a block of n{name}={n} cells cannot fill a halo of width {width} along "
+                f"{name} ({s} field{' on a walled axis' if need > width else ''}: needs "
+                f"{need} cells); use a smaller width, or fewer devices along {name}"
+            )
     # Pad the last axis first, then the others on the padded array, so corners are filled.
     for axis in reversed(range(nd)):
         field = _pad_axis(field, grid, axis, location[axis], parity[axis], width)
@@ -106,6 +123,9 @@ def fill_halo(
 
 
 def interior(padded: jax.Array, grid: Grid, width: int | None = None) -> jax.Array:
-    """Strip a halo of ``width`` (default ``grid.halo``) from every axis."""
+    """Strip a halo of ``width`` (default ``grid.halo``) from every grid axis (the trailing
+    ``grid.ndim`` axes; leading batch axes are kept)."""
     w = grid.halo if width is None else width
-    return padded[(slice(w, -w),) * grid.ndim]
+    if w == 0:
+        return padded
+    return padded[(Ellipsis,) + (slice(w, -w),) * grid.ndim]

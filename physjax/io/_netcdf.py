@@ -35,6 +35,7 @@ import numpy as np
 
 from .. import __version__
 from ..grids import Grid, Stagger
+from ..grids._grid import check_location
 
 STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"
@@ -60,6 +61,7 @@ class Variable:
 
 
 def _dims(grid: Grid, location: Sequence[Stagger]) -> tuple[str, ...]:
+    location = check_location(location, grid.ndim, "Variable.location")
     return tuple(
         name if s == "centre" else f"{name}_f" for name, s in zip(grid.axis_names, location)
     )
@@ -121,6 +123,8 @@ class NetCDFWriter:
     ):
         self.path = os.fspath(path)
         self.grid = grid
+        for v in variables:  # before anything is created or opened
+            check_location(v.location, grid.ndim, "Variable.location")
         self.variables = {v.name: v for v in variables}
         self._locking = True
         if _create:
@@ -255,11 +259,28 @@ class NetCDFWriter:
         w = cls(path, grid, variables, _create=False)
         try:
             with w._open() as f:
+                _check_appendable(f, path, grid, w.variables.values())  # before any write
                 _drop_incomplete_frame(f)
                 f.attrs["status"] = STATUS_RUNNING
         except OSError as e:
             raise ValueError(f"cannot resume: {path!r} cannot be opened for writing: {e}") from None
         return w
+
+
+def _check_appendable(f: h5netcdf.File, path: str, grid: Grid, variables) -> None:
+    """Refuse to append to a file physjax did not write, or one of another grid or other
+    variables (nothing is written to it)."""
+    if "physjax_version" not in f.attrs or "time" not in f.dimensions:
+        raise ValueError(f"cannot resume: {path!r} is not a physjax output file with frames")
+    have = {n: f.dimensions[n].size for n in grid.axis_names if n in f.dimensions}
+    want = dict(zip(grid.axis_names, grid.shape))
+    if have != want:
+        raise ValueError(
+            f"cannot resume: {path!r} holds a grid of {have}, not the {want} asked for"
+        )
+    missing = [v.name for v in variables if v.name not in f.variables]
+    if missing:
+        raise ValueError(f"cannot resume: {path!r} has no variable(s) {missing}")
 
 
 def _complete_frames(f: h5netcdf.File) -> int:

@@ -36,9 +36,11 @@ def make_mesh(devices: int | Sequence[int] | None = None, ndim: int = 2) -> Mesh
 
     **Arguments:**
 
-    - `devices`: the number of devices (laid out as square as possible, the outer axis split
-      first: 4 → 2×2, 2 → 2×1, 8 → 4×2), or the layout itself, e.g. ``(4, 1)`` — one entry
-      per grid axis. Default: all available devices.
+    - `devices`: the number of devices (laid out as square as possible over y and x, y
+      split first: 4 → 2×2, 2 → 2×1, 8 → 4×2; in 3-D z is not split: 4 → 1×2×2, which
+      suits thin layers and keeps vertical columns on one device), or the layout itself,
+      e.g. ``(4, 1)`` or ``(2, 1, 2)`` — one positive integer per grid axis. Default: all
+      available devices.
     - `ndim`: 2 or 3, the grid's number of dimensions.
     """
     if ndim not in (2, 3):
@@ -51,7 +53,16 @@ def make_mesh(devices: int | Sequence[int] | None = None, ndim: int = 2) -> Mesh
             raise ValueError(f"devices must be a positive integer, got {devices}")
         layout = _default_layout(int(devices), ndim)
     else:
-        layout = tuple(int(d) for d in devices)
+        entries = tuple(devices) if hasattr(devices, "__iter__") else (devices,)
+        if not all(
+            isinstance(d, (int, np.integer)) and not isinstance(d, (bool, np.bool_))
+            for d in entries
+        ):
+            raise ValueError(
+                f"devices must be a number of devices or a layout of {ndim} positive integers, "
+                f"got {devices!r}"
+            )
+        layout = tuple(int(d) for d in entries)
         if len(layout) != ndim or any(d < 1 for d in layout):
             raise ValueError(
                 f"a device layout needs {ndim} positive entries (one per grid axis), got {devices}"
@@ -118,9 +129,12 @@ def shard_map_fields(fn: Callable[..., Any], grid: Grid, mesh: Mesh | None) -> C
     Every field-shaped array among the arguments and results (trailing axes equal to
     ``grid.shape``) is split like the grid; everything else is replicated. Inside, ``fn``
     receives the decomposed grid, whose [`physjax.grids.fill_halo`][] exchanges halos with
-    the neighbouring devices; the same stencil code thus runs on 1 or N devices. Results
-    declared replicated must be computed identically on every device (use ``lax.psum`` for
-    global sums).
+    the neighbouring devices; the same stencil code thus runs on 1 or N devices. ``fn``
+    must work on the undecomposed grid as well (the result shapes are taken from a call on
+    it, and with one device it is all there is), so it may not use collectives such as
+    ``lax.psum``: return the fields and reduce them outside (``jnp.sum`` of a sharded
+    result is a global sum). Non-field results are replicated: compute them identically on
+    every device.
     """
     if mesh is None or mesh.size == 1:
         return lambda *args: fn(grid, *args)
