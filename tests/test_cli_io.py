@@ -562,3 +562,26 @@ def test_reopen_refuses_a_foreign_file_or_another_grid_untouched(tmp_path):
         NetCDFWriter.reopen(mine, g, [*variables, Variable("u", ("centre", "face"), "m", "u")])
     assert mine.read_bytes() == before
     assert NetCDFWriter.reopen(mine, g, variables).append(1.0, 1, {"h": 2 * np.ones((4, 6))}) == 2
+
+
+def test_read_frame_and_append_errors_name_the_problem(tmp_path):
+    from physjax.grids import Grid
+    from physjax.io import NetCDFWriter, Variable, read_frame
+
+    text = tmp_path / "notes.txt"
+    text.write_text("not hdf5")
+    with pytest.raises(ValueError, match="cannot read .* as a NetCDF4/HDF5 file"):
+        read_frame(text)
+    with pytest.raises(ValueError, match="cannot read .* as a NetCDF4/HDF5 file"):
+        read_frame(tmp_path / "missing.h5")
+    foreign = tmp_path / "foreign.h5"
+    with h5py.File(foreign, "w") as f:
+        f["a"] = np.zeros(3)
+    with pytest.raises(ValueError, match="has no time axis"):
+        read_frame(foreign)
+    g = Grid((4, 6), (1.0, 1.0), dtype="float64")
+    w = NetCDFWriter(tmp_path / "w.h5", g, [Variable("h", ("centre", "centre"), "m", "h")])
+    with pytest.raises(ValueError, match=r"field 'h' has shape \(6, 8\), not the grid's \(4, 6\)"):
+        w.append(0.0, 0, {"h": np.ones((6, 8))})
+    assert w.append(0.0, 0, {"h": np.ones((4, 6))}) == 1  # nothing half-written before
+    np.testing.assert_array_equal(read_frame(tmp_path / "w.h5")["h"], np.ones((4, 6)))

@@ -223,6 +223,12 @@ class NetCDFWriter:
         missing = [n for n, v in self.variables.items() if v.time_dependent and n not in fields]
         if missing:
             raise ValueError(f"frame lacks variables {missing}")
+        for name, value in fields.items():  # before anything is written
+            if name in self.variables and np.shape(value) != self.grid.shape:
+                raise ValueError(
+                    f"field {name!r} has shape {np.shape(value)}, not the grid's "
+                    f"{self.grid.shape} (every location is stored on the grid's shape)"
+                )
         with self._open() as f:
             n = _complete_frames(f)
             f.resize_dimension("time", n + 1)
@@ -360,8 +366,16 @@ def _decode(v):
 
 def read_frame(path: str | os.PathLike, index: int = -1) -> dict[str, Any]:
     """One complete frame of every time-dependent variable, plus ``time`` and ``step``;
-    ``index`` counts complete frames only (``-1``: the last)."""
-    with h5netcdf.File(os.fspath(path), "r") as f:
+    ``index`` counts complete frames only (``-1``: the last). Raises ``ValueError`` for a
+    file that is missing, not NetCDF4/HDF5, or has no time axis."""
+    path = os.fspath(path)
+    try:
+        f = h5netcdf.File(path, "r")
+    except OSError as e:  # FileNotFoundError included
+        raise ValueError(f"cannot read {path!r} as a NetCDF4/HDF5 file: {e}") from None
+    with f:
+        if "time" not in f.dimensions:
+            raise ValueError(f"{path!r} has no time axis: not a physjax output file with frames")
         n = _complete_frames(f)
         if n == 0:
             raise ValueError(f"{os.fspath(path)!r} holds no frame")
