@@ -162,6 +162,13 @@ def test_halo_round_trip_and_discrete_gauss(ny, nx, py, px, seed):
     assert abs(total) <= 1e-10 * float(jnp.sum(jnp.abs(f))) * (nx * ny) ** 2
 
 
+def test_zero_d_arrays_are_numbers_for_extent():
+    g = Grid((4, 8), (jnp.asarray(2.0), np.float64(8.0)), dtype="float64")
+    assert g.extent == (2.0, 8.0) and isinstance(g.extent[0], float)
+    with pytest.raises(ValueError, match="Ly must be a finite number > 0"):
+        Grid((4, 8), (jnp.asarray(-2.0), 8.0))
+
+
 def test_locations_parities_and_widths_are_checked():
     """A misspelt stagger used to be taken for a face (odd reflection, face coordinates, a
     file whose dims contradict its metadata); wrong lengths and parities were accepted."""

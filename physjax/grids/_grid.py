@@ -96,6 +96,11 @@ class Grid(eqx.Module):
     ):
         shape = _as_tuple("shape", shape, "sizes (ny, nx) or (nz, ny, nx)")
         extent = _as_tuple("extent", extent, "domain lengths [m], one per axis")
+        # 0-d arrays (np.array(1e6), jnp.float64(1e6)) are numbers
+        extent = tuple(
+            np.asarray(e).item() if getattr(e, "ndim", None) == 0 and hasattr(e, "dtype") else e
+            for e in extent
+        )
         ndim = len(shape)
         if ndim not in (2, 3):
             raise ValueError(f"shape must have 2 (ny, nx) or 3 (nz, ny, nx) entries, got {shape}")
