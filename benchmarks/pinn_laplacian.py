@@ -10,6 +10,9 @@ compilation, the compiled executable's temp bytes (``memory_analysis()``) and it
     python benchmarks/pinn_laplacian.py                 # full run, float32
     python benchmarks/pinn_laplacian.py --quick         # small smoke run
     python benchmarks/pinn_laplacian.py --depths 4 --dims 3 --n 16384
+
+Results go to ``benchmarks/results/pinn_laplacian.json``, except for ``--quick`` runs, which
+write ``pinn_laplacian_quick.json`` in the system temp directory unless ``--output`` is given.
 """
 
 import argparse
@@ -19,6 +22,7 @@ import platform
 import resource
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 VARIANTS = ("physjax", "physjax_vmap", "naive", "fwd_rev", "folx", "first_order")
 RESULTS = Path(__file__).parent / "results" / "pinn_laplacian.json"
+QUICK_RESULTS = Path(tempfile.gettempdir()) / "pinn_laplacian_quick.json"
 
 
 def _child(variant: str, depth: int, dim: int, n: int, width: int, repeats: int, dtype: str):
@@ -113,8 +118,17 @@ def main(argv=None):
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
-    p.add_argument("--quick", action="store_true", help="depth 4, 2-D, N=1024, 2 repeats")
-    p.add_argument("--output", type=Path, default=RESULTS)
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"smoke run: depth 4, 2-D, N=1024, 2 repeats; writes {QUICK_RESULTS} by default",
+    )
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        help=f"results file (default: {RESULTS}; with --quick, {QUICK_RESULTS})",
+    )
     p.add_argument(
         "--append",
         action="store_true",
@@ -128,6 +142,8 @@ def main(argv=None):
         res = _child(v, int(depth), int(dim), int(n), args.width, args.repeats, args.dtype)
         print("RESULT " + json.dumps(res))
         return
+    if args.output is None:  # a smoke run never replaces the committed results
+        args.output = QUICK_RESULTS if args.quick else RESULTS
     if args.quick:
         args.depths, args.dims, args.n, args.repeats = [4], [2], [1024], 2
 

@@ -23,8 +23,19 @@ def _rel(a, b):
 
 
 def _tree_rel(a, b):
+    """Largest relative error over the leaves of ``a`` against the reference ``b``.
+
+    A leaf whose reference is all zero (e.g. a stop-gradient parameter) is compared against
+    the tree's largest reference entry instead, an absolute tolerance, so it must be zero too.
+    """
     pairs = zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
-    return max(_rel(x, y) for x, y in pairs if np.max(np.abs(np.asarray(y))) > 0)
+    pairs = [(np.asarray(x), np.asarray(y)) for x, y in pairs]
+    scale = max(np.max(np.abs(y), initial=0.0) for _, y in pairs)
+    errors = [
+        np.max(np.abs(x - y), initial=0.0) / (np.max(np.abs(y), initial=0.0) or scale or 1e-300)
+        for x, y in pairs
+    ]
+    return float(max(errors))
 
 
 def _model(kind, d=3, out="scalar", depth=3, activation="tanh", width=12, seed=0):
@@ -181,7 +192,7 @@ def test_closed_form_functions():
     assert _rel(vector_lap[:, 1], 2 * b) < RTOL
 
 
-@pytest.mark.parametrize("kind", ["mlp", "modified", "eqx", "generic"])
+@pytest.mark.parametrize("kind", ["mlp", "fourier", "modified", "eqx", "generic"])
 def test_parameter_gradient_matches_naive(kind):
     """grad of mean(residual^2) w.r.t. parameters and points: vmap path, batched path, naive."""
     xs = _points(5)
@@ -219,6 +230,98 @@ def test_parameter_gradient_matches_naive(kind):
     for val, g in ours:
         assert _tree_rel(g, g_ref) < RTOL
         assert abs(float(val) - float(val_ref)) < RTOL * float(val_ref)
+
+
+def _eqx_variant(variant):
+    key = jax.random.key(0)
+    if variant == "depth0":  # equinox applies no final activation at depth 0
+        m = eqx.nn.MLP(2, "scalar", 8, 0, jnp.tanh, final_activation=jnp.sin, key=key)
+    elif variant == "scan":
+        m = eqx.nn.MLP(2, "scalar", 8, 3, jnp.tanh, final_activation=jnp.sin, scan=True, key=key)
+    elif variant == "prelu":  # an activation holding arrays (one slope per layer and unit)
+        m = eqx.nn.MLP(2, "scalar", 8, 2, eqx.nn.PReLU(0.3), final_activation=jnp.tanh, key=key)
+    else:  # equinox applies activations to each scalar entry: tanh here, not tanh * width
+        act, final = (lambda z: jnp.tanh(z) * z.size), (lambda z: jnp.sin(z) * z.size)
+        m = eqx.nn.MLP(2, "scalar", 8, 2, act, final_activation=final, key=key)
+    return _f64(m)
+
+
+@pytest.mark.parametrize("variant", ["depth0", "scan", "prelu", "per_entry"])
+def test_equinox_mlp_variants_match_hessian(variant):
+    model = _eqx_variant(variant)
+    xs = _points(3, d=2)
+
+    def ref(m, xs):
+        return jax.vmap(lambda x: jnp.trace(jax.hessian(m)(x)))(xs)
+
+    def values(m, xs):
+        per_point = jax.vmap(pg.laplacian(m))(xs)
+        batched = pg.laplacian(m, batched=True)(xs)
+        return per_point, batched, ref(m, xs)
+
+    per_point, batched, reference = eqx.filter_jit(values)(model, xs)
+    assert _rel(per_point, reference) < RTOL
+    assert _rel(batched, reference) < RTOL
+
+    def grads(m, xs):
+        target = jnp.sin(xs[:, 0])
+        fns = (lambda m: pg.laplacian(m, batched=True)(xs), lambda m: ref(m, xs))
+        return [eqx.filter_grad(lambda m, f=f: jnp.mean((f(m) - target) ** 2))(m) for f in fns]
+
+    ours, reference = eqx.filter_jit(grads)(model, xs)
+    assert _tree_rel(ours, reference) < RTOL
+
+
+@pytest.mark.parametrize("kind", ["mlp", "eqx", "generic"])
+def test_batched_gradient_float32_model_float64_points(kind):
+    xs = _points(4, d=2)
+    key = jax.random.key(0)
+    if kind == "mlp":
+        model = pg.MLP(2, "scalar", 8, 2, key=key, dtype=jnp.float32)
+    elif kind == "eqx":
+        model = eqx.nn.MLP(2, "scalar", 8, 2, jnp.tanh, key=key, dtype=jnp.float32)
+    else:
+        model = jnp.array([0.7, -0.4], dtype=jnp.float32)
+
+    def loss(m, xs, batched):
+        fn = (lambda x: jnp.sin(m @ x) ** 2) if kind == "generic" else m
+        op = pg.laplacian(fn, batched=batched)
+        return jnp.mean((op(xs) if batched else jax.vmap(op)(xs)) ** 2)
+
+    grad = eqx.filter_jit(lambda mx, b: eqx.filter_grad(lambda mx: loss(*mx, b))(mx))
+    g, g_ref = grad((model, xs), True), grad((model, xs), False)
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(g_ref), strict=True):
+        assert a.dtype == b.dtype
+    assert g[1].dtype == jnp.float64
+    assert jax.tree.leaves(g[0])[0].dtype == jnp.float32
+    assert _tree_rel(g, g_ref) < 1e-5
+
+
+@pytest.mark.parametrize("kind", ["mlp", "eqx", "modified", "generic"])
+def test_empty_batch(kind):
+    """N = 0 gives empty results and zero gradients, like jax.vmap of the per-point operator."""
+    xs = jnp.zeros((0, 3))
+    if kind == "generic":
+        model = jnp.array([0.7, -0.4, 1.1])
+    else:
+        model = _model(kind, depth=2, width=6)
+
+    @eqx.filter_jit
+    def evaluate(mx):
+        def loss(mx):
+            m, xs = mx
+            fn = (lambda x: jnp.sin(m @ x) ** 2) if kind == "generic" else m
+            lap = pg.laplacian(fn, batched=True)(xs)
+            diag = pg.hessian_diagonal(fn, batched=True)(xs)
+            return jnp.sum(lap**2) + jnp.sum(diag), (lap, diag)
+
+        return eqx.filter_grad(loss, has_aux=True)(mx)
+
+    (g_model, g_xs), (lap, diag) = evaluate((model, xs))
+    assert lap.shape == (0,) and diag.shape == (0, 3)
+    assert g_xs.shape == (0, 3)
+    for leaf in jax.tree.leaves(g_model):
+        assert not np.any(np.asarray(leaf))
 
 
 def test_custom_vjp_flag_gives_same_gradient():
@@ -423,3 +526,38 @@ def test_error_model_configuration():
         pg.MLP(2, 1, 8, 2, "relu6", key=jax.random.key(0))
     with pytest.raises(ValueError, match="out_size must be a positive int or 'scalar'"):
         pg.ModifiedMLP(2, 0, 8, 2, key=jax.random.key(0))
+
+
+def test_spatial_integer_array():
+    model = _model("mlp", depth=1)
+    x = _points(1)[0]
+    ref = pg.laplacian(model, spatial=(0, 2))(x)
+    assert _rel(pg.laplacian(model, spatial=np.array([0, 2]))(x), ref) < RTOL
+    assert (
+        _rel(pg.laplacian(model, spatial=jnp.array([0, 2]), batched=True)(x[None])[0], ref) < RTOL
+    )
+    with pytest.raises(TypeError, match="spatial must be an int, a sequence of ints"):
+        pg.laplacian(model, spatial=np.zeros((2, 2), int))(x)
+    with pytest.raises(TypeError, match="spatial must be an int, a sequence of ints"):
+        pg.laplacian(model, spatial={0, 1})(x)
+
+
+def test_advection_velocity_function_returning_list():
+    model = _model("mlp", depth=1)
+    x = _points(1)[0]
+    ref = pg.advection(model, jnp.array([1.0, 2.0]), spatial=(0, 1))(x)
+    assert _rel(pg.advection(model, lambda y: [1.0, 2.0], spatial=(0, 1))(x), ref) < RTOL
+    with pytest.raises(TypeError, match=r"velocity\(x\) must return an array"):
+        pg.advection(model, lambda y: None, spatial=(0, 1))(x)
+
+
+def test_error_point_without_coordinates():
+    def fn(y):
+        return jnp.sum(y**2)
+
+    with pytest.raises(ValueError, match="x must have at least one coordinate"):
+        pg.laplacian(fn)(jnp.zeros(0))
+    with pytest.raises(ValueError, match="x must have at least one coordinate"):
+        pg.laplacian(fn, batched=True)(jnp.zeros((4, 0)))
+    with pytest.raises(ValueError, match="x must have at least one coordinate"):
+        pg.gradient(fn)(jnp.zeros(0))

@@ -148,11 +148,39 @@ def affine_rows(weight: Array, bias: Array | None, rows: Array) -> Array:
 # ----------------------------------------------------------------------------- chains
 
 
+def is_eqx_chain(fn) -> bool:
+    """Whether ``fn`` is an ``equinox.nn.MLP`` that the layer rules reproduce exactly.
+
+    Other ``equinox.nn.MLP``s take the generic path: ``in_size="scalar"``, ``depth=0`` (one
+    linear layer, no final activation), ``scan=True`` (stacked hidden layers), activations
+    holding arrays (one copy per layer and unit, e.g. ``equinox.nn.PReLU``) and subclasses
+    that override ``__call__``.
+    """
+    return (
+        isinstance(fn, eqx.nn.MLP)
+        and type(fn).__call__ is eqx.nn.MLP.__call__
+        and isinstance(fn.in_size, int)
+        and fn.depth >= 1
+        and not fn.scan
+        and not any(eqx.is_array(a) for a in jax.tree.leaves((fn.activation, fn.final_activation)))
+    )
+
+
+def per_entry(fn: Activation) -> Activation:
+    """``fn`` applied to each scalar entry separately, as ``equinox.nn.MLP`` applies it."""
+
+    def apply(z: Array) -> Array:
+        f = fn
+        for _ in range(z.ndim):
+            f = jax.vmap(f)
+        return f(z)
+
+    return apply
+
+
 def is_chain(fn) -> bool:
     """Whether ``fn`` is an MLP-like chain with the hand-written batch VJP."""
-    if isinstance(fn, MLP | FourierMLP):
-        return True
-    return isinstance(fn, eqx.nn.MLP) and isinstance(fn.in_size, int)
+    return isinstance(fn, MLP | FourierMLP) or is_eqx_chain(fn)
 
 
 def _chain_parts(fn):
@@ -163,8 +191,11 @@ def _chain_parts(fn):
         acts = [jnp.sin] + [mlp.activation] * (len(mlp.layers) - 1)
         return weight, bias, _steps(acts, mlp.layers), None
     first = fn.layers[0]
-    acts = [fn.activation] * (len(fn.layers) - 1)
-    final = fn.final_activation if isinstance(fn, eqx.nn.MLP) else None
+    if isinstance(fn, eqx.nn.MLP):
+        acts = [per_entry(fn.activation)] * (len(fn.layers) - 1)
+        final = per_entry(fn.final_activation)
+    else:
+        acts, final = [fn.activation] * (len(fn.layers) - 1), None
     return first.weight, first.bias, _steps(acts, fn.layers[1:]), final
 
 
@@ -205,6 +236,8 @@ def _after(x: Array, dependency: Array) -> Array:
     ``g`` is not finite) is exact and cannot be folded away; it also keeps the recomputation
     from being scheduled before its layer's cotangent exists.
     """
+    if dependency.size == 0:  # an empty batch: nothing to recompute
+        return x
     s = jnp.ravel(dependency)[0]
     zero = jnp.where(jnp.isfinite(s), s * 0, 0).astype(x.dtype)
     return x + zero
@@ -215,15 +248,19 @@ def _varying_axes(x) -> frozenset:
     return frozenset(getattr(mat, "varying", ()))
 
 
-def _sum_over_devices(cotangent: Array, primal: Array) -> Array:
-    """Sum a parameter cotangent over the ``shard_map`` axes it varies over and the primal not.
+def _parameter_cotangent(cotangent: Array, primal: Array) -> Array:
+    """A parameter cotangent in the parameter's dtype, summed over ``shard_map`` axes.
 
-    Under ``shard_map`` each device's weight cotangent covers its own points; the cotangent
-    of a replicated parameter is their sum (what autodiff's transpose of the implicit
-    broadcast does). Outside ``shard_map`` this is the identity.
+    The rows are computed in the promoted dtype of points and parameters (e.g. float64
+    points, float32 parameters), so the cotangent is cast back. Under ``shard_map`` each
+    device's weight cotangent covers its own points; the cotangent of a replicated parameter
+    is their sum over the axes it varies over and the primal not (what autodiff's transpose
+    of the implicit broadcast does).
     """
     extra = _varying_axes(cotangent) - _varying_axes(primal)
-    return jax.lax.psum(cotangent, tuple(sorted(extra))) if extra else cotangent
+    if extra:
+        cotangent = jax.lax.psum(cotangent, tuple(sorted(extra)))
+    return cotangent.astype(primal.dtype)
 
 
 def chain_second(fn, x: Array, directions: Array, form: Form, recompute: bool) -> Array:
@@ -277,7 +314,7 @@ def chain_second(fn, x: Array, directions: Array, form: Form, recompute: bool) -
         g_weight = g_z.T @ x.astype(g_z.dtype) + g_jac.T @ directions
         g_bias = None if bias is None else jnp.sum(g_z, axis=0)
         g_arrays = (g_weight, g_bias, grads[::-1])
-        g_arrays = jax.tree.map(_sum_over_devices, g_arrays, (weight, bias, pairs))
+        g_arrays = jax.tree.map(_parameter_cotangent, g_arrays, (weight, bias, pairs))
         (g_params,) = pull_arrays(g_arrays)
         return g_params, (g_z @ weight).astype(x.dtype)
 
@@ -315,7 +352,9 @@ def batch_second(fn, x: Array, directions: Array, form: Form, recompute: bool) -
 
     if not recompute:
         return jax.vmap(pure, (None, 0))(params, x)
-    converted, consts = jax.closure_convert(pure, params, x[0])
+    # One point to trace at: the first, or zeros for an empty batch.
+    example = x[0] if x.shape[0] else jnp.zeros(x.shape[1:], x.dtype)
+    converted, consts = jax.closure_convert(pure, params, example)
 
     def block(args, xs):
         p, c = args

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from ._batch import batch_second, second_rows
+from ._batch import batch_second, is_eqx_chain, per_entry, second_rows
 from ._jet import Form, Jet, elementwise, generic_jet, input_affine
 from ._models import AbstractNeuralField, _chain
 from ._remat import recompute_block
@@ -42,6 +42,8 @@ def _check_point(x, batched: bool = False) -> Array:
         raise ValueError(
             f"x must be one point of shape (d,), got shape {x.shape}; use jax.vmap over points."
         )
+    if x.shape[-1] == 0:
+        raise ValueError(f"x must have at least one coordinate (d >= 1), got shape {x.shape}.")
     return x
 
 
@@ -59,7 +61,16 @@ def _as_index(i, name: str) -> int:
 def _spatial_indices(spatial: Spatial, d: int, name: str = "spatial") -> tuple[int, ...]:
     if spatial is None:
         return tuple(range(d))
-    items = [spatial] if not isinstance(spatial, Sequence) else list(spatial)
+    if isinstance(spatial, Sequence) or getattr(spatial, "ndim", None) == 1:
+        items = list(spatial)
+    else:
+        try:
+            items = [operator.index(spatial)]
+        except TypeError:
+            raise TypeError(
+                f"{name} must be an int, a sequence of ints or a 1-D integer array, "
+                f"got {spatial!r}."
+            ) from None
     if len(items) == 0:
         raise ValueError(f"{name} must name at least one input coordinate, got {spatial!r}.")
     out = []
@@ -117,21 +128,26 @@ def _component(component, m: int, scalar: bool, op: str, alternative: str | None
     return component % m
 
 
+def _velocity_at(velocity, x) -> Array:
+    v = velocity(x)
+    try:
+        return jnp.asarray(v)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"velocity(x) must return an array of shape (k,), got a {type(v).__name__}."
+        ) from None
+
+
 # ----------------------------------------------------------------------------- jets
 
 
 def _eqx_mlp_jet(mlp: eqx.nn.MLP, x, directions, form: Form, recompute: bool) -> Jet:
+    """Jet of an ``equinox.nn.MLP`` accepted by ``is_eqx_chain`` (``depth >= 1``)."""
     first = mlp.layers[0]
     pre = input_affine(first.weight, first.bias, x, directions, form)
-    steps = [(mlp.activation, lin) for lin in mlp.layers[1:]]
+    steps = [(per_entry(mlp.activation), lin) for lin in mlp.layers[1:]]
     jet = _chain(pre, steps, form, recompute)
-    return elementwise(mlp.final_activation, jet, form)
-
-
-def _is_layered(fn) -> bool:
-    if isinstance(fn, AbstractNeuralField):
-        return True
-    return isinstance(fn, eqx.nn.MLP) and isinstance(fn.in_size, int)
+    return elementwise(per_entry(mlp.final_activation), jet, form)
 
 
 def _generic(fn, x, directions, form: Form, recompute: bool) -> Jet:
@@ -161,7 +177,7 @@ def _jet(fn, x, indices, form: Form, recompute: bool) -> Jet:
     directions = _directions(indices, x.shape[0], x.dtype)
     if isinstance(fn, AbstractNeuralField):
         return fn.jet(x, directions, form, recompute)
-    if _is_layered(fn):
+    if is_eqx_chain(fn):
         return _eqx_mlp_jet(fn, x, directions, form, recompute)
     return _generic(fn, x, directions, form, recompute)
 
@@ -462,7 +478,7 @@ def advection(
                 )
             v = jnp.reshape(fn(x), (-1,))
         else:
-            v = velocity(x) if callable(velocity) else velocity
+            v = _velocity_at(velocity, x) if callable(velocity) else velocity
         if v.shape != (len(idx),):
             raise ValueError(
                 f"velocity must have shape ({len(idx)},) (one entry per spatial coordinate), "
