@@ -49,6 +49,7 @@ POISSON_KEYS = (
     "devices",
     "output",
     "plot",
+    "quiet",
 )
 DEFAULTS = dict(
     case="periodic-sines",
@@ -140,7 +141,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--output", help="NetCDF4/HDF5 output file (default poisson.h5)")
     p.add_argument("--plot", help="quick-look PNG of u, the residual and the error")
     p.add_argument("--config", help="TOML file of these settings (keys as the long options)")
-    p.add_argument("--quiet", action="store_true", help="no status line before the solve")
+    p.add_argument(
+        "--quiet", action="store_true", default=None, help="no status line before the solve"
+    )
     p.set_defaults(func=run)
     return p
 
@@ -150,9 +153,8 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     """Defaults, then the ``--config`` file, then the command line; checked."""
     from .cli import _parse_devices, _positive_number, resolve_settings
 
-    settings = resolve_settings(args, POISSON_KEYS)
-    if settings.pop("parameters", None):
-        raise ValueError("--config: poisson takes no [parameters] table")
+    settings = resolve_settings(args, POISSON_KEYS, parameters=False)
+    settings.pop("parameters", None)
     settings["case_given"] = "case" in settings
     for key, value in DEFAULTS.items():
         if key != "n":
@@ -530,7 +532,7 @@ def run(args) -> int:
         )
 
     n_dev = 1 if mesh is None else mesh.size
-    if not args.quiet:
+    if not s.get("quiet"):
         print(
             f"physjax poisson: {'×'.join(map(str, shape))} cells, bc {','.join(bc)}, "
             f"{method} on {n_dev} device{'s' if n_dev > 1 else ''} ({jax.default_backend()})",

@@ -94,8 +94,11 @@ def _has_type(value, kind: str) -> bool:
 
 
 # ----------------------------------------------------------------------------- config
-def load_config(path: str, allowed: tuple[str, ...] = RUN_KEYS) -> dict[str, Any]:
-    """Read a TOML config: top-level run settings and a ``[parameters]`` table."""
+def load_config(
+    path: str, allowed: tuple[str, ...] = RUN_KEYS, parameters: bool = True
+) -> dict[str, Any]:
+    """Read a TOML config: top-level run settings and (if `parameters`) a ``[parameters]``
+    table."""
     try:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
@@ -104,11 +107,11 @@ def load_config(path: str, allowed: tuple[str, ...] = RUN_KEYS) -> dict[str, Any
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"--config: {path!r} is not valid TOML: {e}") from None
     raw = {k.replace("-", "_"): v for k, v in raw.items()}
-    unknown = sorted(set(raw) - set(allowed) - {"parameters"})
+    unknown = sorted(set(raw) - set(allowed) - ({"parameters"} if parameters else set()))
     if unknown:
         raise ValueError(
             f"--config: unknown setting(s) {unknown} in {path!r}; allowed: "
-            f"{', '.join(allowed)} and a [parameters] table"
+            f"{', '.join(allowed)}" + (" and a [parameters] table" if parameters else "")
         )
     params = raw.get("parameters", {})
     if not isinstance(params, dict):
@@ -123,11 +126,13 @@ def load_config(path: str, allowed: tuple[str, ...] = RUN_KEYS) -> dict[str, Any
     return raw
 
 
-def resolve_settings(args: argparse.Namespace, keys: tuple[str, ...] = RUN_KEYS) -> dict:
+def resolve_settings(
+    args: argparse.Namespace, keys: tuple[str, ...] = RUN_KEYS, parameters: bool = True
+) -> dict:
     """Merge command line over config file; ``None`` means not given."""
     settings: dict[str, Any] = {"parameters": {}}
     if getattr(args, "config", None):
-        settings.update(load_config(args.config, keys))
+        settings.update(load_config(args.config, keys, parameters))
     for pair in EXCLUSIVE:
         given = [k for k in pair if getattr(args, k, None) is not None]
         if len(given) == 2 or (not given and all(k in settings for k in pair)):
@@ -386,9 +391,16 @@ def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dic
             if key == "cfl_check":
                 option = "--no-cfl-check" if not value else "a CFL check"
                 was = "the stored run, which checked dt" if was else "the stored --no-cfl-check"
+            elif key == "cfl" and was is None:
+                option = f"--cfl {value!r}"
+                was = (
+                    f"the stored run, which was given --dt {stored['dt_requested']!r}"
+                    if stored.get("dt_requested") is not None
+                    else f"the stored dt {stored.get('dt')!r} (the file records no --cfl)"
+                )
             else:
                 option = f"--{key.replace('_', '-')} {value!r}"
-                was = f"the stored {was!r}" if key in stored else "a stored dt"
+                was = f"the stored {was!r}" if key in stored else f"the stored run (no {key})"
             raise ValueError(
                 f"--resume continues {output!r} with the configuration stored in it; "
                 f"{option} differs from {was} (leave it out, or start a new run)"
@@ -478,7 +490,7 @@ def run_shallow_water(
     )
     cfl_check = settings.get("cfl_check")
     cfl_check = True if cfl_check is None else bool(cfl_check)
-    dt_requested = None
+    dt_requested = cfl = None
     if settings.get("dt") is not None:
         dt_requested = _positive_number("--dt", settings["dt"])
         if cfl_check:
@@ -497,6 +509,7 @@ def run_shallow_water(
         # a --dt was lowered to land on --t-end ran ceil(t_end / dt) steps of the dt given.
         n_steps, dt = int(settings["n_steps"]), float(settings["dt"])
         dt_requested = settings.get("dt_requested", dt)
+        cfl = settings.get("cfl")
     save_every = settings.get("save_every")
     save_every = (
         max(1, n_steps // 20)
@@ -522,6 +535,7 @@ def run_shallow_water(
         "t_end": t_end,
         "dt": dt,
         "dt_requested": dt_requested,
+        "cfl": cfl,  # the fraction of the limit dt was chosen as; None with --dt
         "n_steps": n_steps,
         "save_every": save_every,
         "precision": precision,

@@ -1,5 +1,6 @@
 """The physjax command and its NetCDF4 output: format, resume, blow-up, bad input."""
 
+import json
 import os
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import xarray as xr
 
 from physjax.cli import main
 from physjax.io import NetCDFWriter
+from physjax.solvers.shallow_water import ShallowWater
 
 FAST = ["--case", "gravity-wave", "--n", "16", "--t-end", "7200", "--save-every", "10", "--quiet"]
 
@@ -99,7 +101,7 @@ def test_resume_equals_uninterrupted_bit_for_bit(tmp_path):
 
 
 @pytest.mark.multidevice
-def test_devices_option_matches_single_device(tmp_path):
+def test_devices_option_matches_single_device(tmp_path, monkeypatch):
     args = [
         "--case",
         "wind-gyre",
@@ -115,11 +117,19 @@ def test_devices_option_matches_single_device(tmp_path):
     ]
     one, four = tmp_path / "one.h5", tmp_path / "four.h5"
     assert main(["shallow-water", *args, "--output", str(one)]) == 0
+    meshes, advance = [], ShallowWater.advance
+
+    def spy(self, *a, mesh=None, **k):
+        meshes.append(None if mesh is None else dict(mesh.shape))
+        return advance(self, *a, mesh=mesh, **k)
+
+    monkeypatch.setattr(ShallowWater, "advance", spy)
     assert main(["shallow-water", *args, "--devices", "2x2", "--output", str(four)]) == 0
     with xr.open_dataset(one) as a, xr.open_dataset(four) as b:
         assert b.attrs["status"] == "complete"
         assert float(abs(a["u"] - b["u"]).max()) <= 1e-12
         assert float(abs(b["u"].isel(time=-1)).max()) > 1e-4  # the wind did spin it up
+    assert meshes and all(m == {"y": 2, "x": 2} for m in meshes)  # split as asked
 
 
 def test_blow_up_stops_with_step_and_keeps_frames(tmp_path, capsys):
@@ -147,6 +157,8 @@ def test_blow_up_stops_with_step_and_keeps_frames(tmp_path, capsys):
     assert code == 3
     assert "blew up (NaN/Inf) at step" in err and "t = " in err
     step = int(err.split("at step ")[1].split(",")[0])
+    t = float(err.split("t = ")[1].split(" s;")[0])
+    assert t == pytest.approx(step * 6000, rel=1e-6)  # the time of that step (dt = 6000 s)
     with xr.open_dataset(out) as ds:
         assert ds.attrs["status"].startswith("failed: NaN/Inf at step")
         assert ds.sizes["time"] >= 2
@@ -158,10 +170,10 @@ def test_blow_up_stops_with_step_and_keeps_frames(tmp_path, capsys):
     "extra, match",
     [
         (["--nx", "0"], "nx must be a positive integer"),
-        (["--n", "-8"], "must be a positive integer"),
+        (["--n", "-8"], "--n must be a positive integer"),
         (["--param", "mean_depth=-5"], "mean_depth must be > 0"),
         (["--param", "mean_depth=0"], "mean_depth must be > 0"),
-        (["--dt", "1e5"], "breaks the CFL stability limit"),
+        (["--dt", "1e5"], "dt=100000 s breaks the CFL stability limit"),
         (["--dt", "-3"], "--dt must be a finite number > 0"),
         (["--case", "nope"], "unknown case 'nope'"),
         (["--devices", "1x4", "--nx", "30"], "mesh does not divide the grid: nx=30"),
@@ -295,7 +307,7 @@ def test_resume_refuses_settings_that_differ_from_the_stored_run(tmp_path, capsy
     for extra, match in (
         (["--precision", "float64"], "--precision 'float64' differs from the stored 'float32'"),
         (["--n", "32"], "--nx 32 differs from the stored 16"),
-        (["--cfl", "0.3"], "--cfl 0.3 differs from a stored dt"),
+        (["--cfl", "0.3"], "--cfl 0.3 differs from the stored 0.5"),
         (["--param", "amplitude=0.05"], "parameter amplitude=0.05 differs from the stored 0.02"),
     ):
         code = main(["shallow-water", "--output", str(out), "--resume", "--quiet", *extra])
@@ -585,3 +597,26 @@ def test_read_frame_and_append_errors_name_the_problem(tmp_path):
         w.append(0.0, 0, {"h": np.ones((6, 8))})
     assert w.append(0.0, 0, {"h": np.ones((4, 6))}) == 1  # nothing half-written before
     np.testing.assert_array_equal(read_frame(tmp_path / "w.h5")["h"], np.ones((4, 6)))
+
+
+def test_resume_compares_cfl_with_the_stored_one(tmp_path, capsys):
+    """The CFL number a run chose its dt with is stored, so `--resume --cfl C` is accepted
+    when C is the run's own (it was refused as differing from "a stored dt")."""
+    args = ["shallow-water", "--case", "gravity-wave", "--n", "16", "--t-end", "3000"]
+    args += ["--save-every", "2", "--quiet"]
+    cfl_run, dt_run = tmp_path / "cfl.h5", tmp_path / "dt.h5"
+    assert main([*args, "--output", str(cfl_run), "--max-frames", "1"]) == 0
+    assert main([*args, "--output", str(dt_run), "--dt", "100", "--max-frames", "1"]) == 0
+    capsys.readouterr()
+    before = cfl_run.read_bytes()
+    resume = ["shallow-water", "--resume", "--quiet", "--output"]
+    assert main([*resume, str(cfl_run), "--cfl", "0.4"]) == 2
+    assert "--cfl 0.4 differs from the stored 0.5" in capsys.readouterr().err
+    assert cfl_run.read_bytes() == before
+    assert main([*resume, str(dt_run), "--cfl", "0.5"]) == 2
+    assert "which was given --dt 100.0" in capsys.readouterr().err
+    assert main([*resume, str(cfl_run), "--cfl", "0.5"]) == 0
+    with xr.open_dataset(cfl_run) as ds, xr.open_dataset(dt_run) as dsdt:
+        assert ds.attrs["status"] == "complete" and ds["time"].values[-1] == 3000
+        assert json.loads(ds.attrs["configuration"])["cfl"] == 0.5
+        assert json.loads(dsdt.attrs["configuration"])["cfl"] is None
