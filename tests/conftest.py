@@ -13,3 +13,34 @@ os.environ["PHYSJAX_NO_ALLOCATOR_TUNING"] = "1"
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
+
+import contextlib  # noqa: E402
+import logging  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture
+def compilations():
+    """``with compilations() as seen: ...``: ``seen`` lists the XLA compilations started
+    inside the block (from ``jax.log_compiles``)."""
+
+    @contextlib.contextmanager
+    def collect():
+        seen = []
+
+        class Collect(logging.Handler):
+            def emit(self, record):
+                message = record.getMessage()
+                if message.startswith("Compiling"):
+                    seen.append(message)
+
+        handler, logger = Collect(), logging.getLogger("jax")
+        logger.addHandler(handler)
+        try:
+            with jax.log_compiles():
+                yield seen
+        finally:
+            logger.removeHandler(handler)
+
+    return collect

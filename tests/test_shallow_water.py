@@ -353,31 +353,17 @@ def test_bad_case_inputs(kwargs, match):
         make_case("geostrophic-adjustment", precision="float64", **kwargs)
 
 
-def _compilations(call, raises=True):
-    """Run `call` (which must raise ValueError if `raises`); return the XLA compilations it
-    started."""
-    import contextlib
-    import logging
-
-    messages = []
-
-    class Collect(logging.Handler):
-        def emit(self, record):
-            messages.append(record.getMessage())
-
-    handler = Collect()
-    logging.getLogger("jax").addHandler(handler)
-    try:
-        expect = pytest.raises(ValueError) if raises else contextlib.nullcontext()
-        with jax.log_compiles(), expect:
-            call()
-    finally:
-        logging.getLogger("jax").removeHandler(handler)
-    return [m for m in messages if m.startswith("Compiling")]
-
-
 @pytest.mark.multidevice
-def test_bad_input_is_refused_before_compiling():
+def test_bad_input_is_refused_before_compiling(compilations):
+    def _compilations(call, raises=True):
+        with compilations() as seen:
+            if raises:
+                with pytest.raises(ValueError):
+                    call()
+            else:
+                call()
+        return seen
+
     case = make_case("wind-gyre", nx=30, ny=16, precision="float64")
     m, s = case.model, case.state
     limit = m.max_stable_dt(s)  # compiled here, once
