@@ -399,3 +399,19 @@ def test_step_takes_state_and_dt_as_the_design_says(gyre):
     assert _max_diff(jax.jit(lambda st: m.step(st, dt, t=3600.0))(s), one) == 0.0
     with pytest.raises(TypeError):
         m.step(s, 0.0, dt)
+
+
+def test_zonal_jet_end_time_follows_the_coriolis_parameter():
+    # 10 inertial periods of the f actually given, not of the default f
+    slow = make_case("zonal-jet", nx=8, ny=8, coriolis=5e-5)
+    assert slow.t_end == pytest.approx(20 * np.pi / 5e-5, rel=1e-15)
+    assert slow.parameters["t_end"] == slow.t_end
+    south = make_case("zonal-jet", nx=8, ny=8, coriolis=-2e-4)
+    assert south.t_end == pytest.approx(20 * np.pi / 2e-4, rel=1e-15)
+    # an explicit end time is kept as given
+    assert make_case("zonal-jet", nx=8, ny=8, coriolis=5e-5, t_end=3600.0).t_end == 3600.0
+    # no rotation, no inertial period: the nominal default
+    still = make_case("zonal-jet", nx=8, ny=8, coriolis=0.0)
+    assert still.t_end == pytest.approx(20 * np.pi / 1e-4)
+    # other cases keep their fixed default
+    assert make_case("gravity-wave", nx=8, ny=8, coriolis=5e-5).t_end == 86400.0

@@ -47,6 +47,8 @@ class _CaseSpec:
     description: str
     shape: tuple[int, int]
     defaults: dict[str, Any]
+    # the end time when none is given, from the filled-in parameters (else defaults["t_end"])
+    end_time: Callable[[dict[str, Any]], float] | None = None
 
 
 def _is_real(value: Any) -> bool:
@@ -278,6 +280,15 @@ def _wind_gyre(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
 
 _COMMON = {"gravity": 9.81, "coriolis": 1e-4}
 
+
+def _ten_inertial_periods(p: dict[str, Any]) -> float:
+    """10 inertial periods, 20π/|f|; the nominal default when f = 0 (no inertial period)."""
+    f = p["coriolis"]
+    if _is_real(f) and math.isfinite(f) and f != 0:
+        return 20 * math.pi / abs(f)
+    return 20 * math.pi / _COMMON["coriolis"]
+
+
 CASES: dict[str, _CaseSpec] = {
     "geostrophic-adjustment": _CaseSpec(
         _geostrophic_adjustment,
@@ -308,8 +319,11 @@ CASES: dict[str, _CaseSpec] = {
             "mean_depth": 1000.0,
             "jet_speed": 5.0,
             "jet_width": 300e3,
-            "t_end": 20 * np.pi / 1e-4,
+            # nominal: 10 inertial periods at the default f; make_case uses 20π/|f| of the
+            # coriolis actually given (end_time below)
+            "t_end": 20 * np.pi / _COMMON["coriolis"],
         },
+        end_time=_ten_inertial_periods,
     ),
     "barotropic-instability": _CaseSpec(
         _barotropic_instability,
@@ -411,7 +425,7 @@ def make_case(
     - `precision`: ``"float32"`` or ``"float64"`` (float64 needs ``jax_enable_x64``).
     - `parameters`: overrides of the case's physical parameters (see ``CASES[name].defaults``),
       e.g. ``mean_depth=500.0``; ``Lx``/``Ly`` set the domain [m] and ``t_end`` the default
-      end time [s].
+      end time [s] (for ``zonal-jet`` it defaults to 10 inertial periods, 20π/|coriolis|).
     """
     if name not in CASES:
         raise ValueError(f"unknown case {name!r}: choose one of {', '.join(CASES)}")
@@ -437,6 +451,8 @@ def make_case(
                 "jax.config.update('jax_enable_x64', True) first"
             )
     p = {**spec.defaults, **parameters}
+    if spec.end_time is not None and "t_end" not in parameters:
+        p["t_end"] = spec.end_time(p)
     for key, value in p.items():
         if _is_real(value) and not math.isfinite(value):
             raise ValueError(f"parameter {key} must be a finite number, got {value!r}")
