@@ -44,6 +44,15 @@ def test_output_file_format(tmp_path):
             assert ds[name].attrs.get("long_name"), name
         assert ds["x_f"].attrs["c_grid_axis_shift"] == -0.5
         assert ds["x"].attrs["axis"] == "X"
+        # CF: elapsed seconds stay plain floats (a CF time coordinate, axis "T", would need
+        # "units since date"); int64 (step) needs CF-1.9 or later
+        assert ds["time"].dtype == np.float64 and ds["time"].attrs["units"] == "s"
+        for name in [*ds.data_vars, *ds.coords]:
+            if ds[name].attrs.get("axis") == "T" or ds[name].attrs.get("standard_name") == "time":
+                assert " since " in ds[name].attrs["units"], name
+        cf = ds.attrs["Conventions"].split()[0]
+        assert cf.startswith("CF-") and ds["step"].dtype == np.int64
+        assert tuple(int(k) for k in cf[3:].split(".")) >= (1, 9)
         # SGRID: nodes (corners) at the low faces x_f, as many cells x, the extra cell beyond
         # the last stored node: padding "high" (xgcm: x_f left of x, shift -0.5)
         topo = ds["grid"].attrs

@@ -170,7 +170,10 @@ class NetCDFWriter:
             f.dimensions = dims
             if has_time:
                 t = f.create_variable("time", ("time",), "f8")
-                t.attrs.update(units="s", long_name="time since the start of the run", axis="T")
+                # Simulated seconds with no calendar: CF (section 4.4) asks a *time coordinate*
+                # (axis "T" or standard_name "time") for "units since date" units, which
+                # readers turn into dates; elapsed seconds are kept plain and not declared one.
+                t.attrs.update(units="s", long_name="simulated time since the start of the run")
                 s = f.create_variable("step", ("time",), "i8")
                 s.attrs.update(units="1", long_name="number of time steps taken")
             for name in g.axis_names:
@@ -201,7 +204,8 @@ class NetCDFWriter:
             f.attrs["title"] = str(attrs.pop("title", "physjax output"))
             f.attrs["physjax_version"] = __version__
             f.attrs["status"] = STATUS_RUNNING
-            f.attrs["Conventions"] = "CF-1.8 SGRID-0.3"
+            # CF-1.9: the first CF version that admits the int64 of `step` and integer attributes
+            f.attrs["Conventions"] = "CF-1.9 SGRID-0.3"
             params = attrs.pop("parameters", {}) or {}
             f.attrs["parameters"] = json.dumps(params, default=str)
             for key, value in params.items():
