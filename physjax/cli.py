@@ -440,7 +440,14 @@ def run_shallow_water(
     whole frames and the status ``interrupted: …``, and [`physjax._runner.RunInterrupted`][]
     is raised.
     """
-    from .io import STATUS_INTERRUPTED, NetCDFWriter, check_writable, read_attrs, read_frame
+    from .io import (
+        STATUS_INTERRUPTED,
+        STATUS_STOPPED,
+        NetCDFWriter,
+        check_writable,
+        read_attrs,
+        read_frame,
+    )
     from .solvers.shallow_water import CASES
 
     out = sys.stdout if out is None else out
@@ -640,6 +647,11 @@ def run_shallow_water(
     done = step >= n_steps
     if done:
         writer.finish()
+    else:  # stopped by --max-frames: say so in the file, which --resume continues
+        writer.finish(
+            f"{STATUS_STOPPED}: at step {step}, t = {step * dt:.6g} s after --max-frames "
+            f"{max_frames}; continue with --resume"
+        )
     if plot:
         _write_plot(output, plot)
     note = "" if done else f" (stopped at step {step}/{n_steps}; continue with --resume)"

@@ -99,8 +99,12 @@ def test_resume_equals_uninterrupted_bit_for_bit(tmp_path):
     assert main(["shallow-water", *args, "--output", str(full)]) == 0
     assert main(["shallow-water", *args, "--output", str(part), "--max-frames", "2"]) == 0
     with xr.open_dataset(part) as ds:
-        assert ds.attrs["status"] == "running"
-        assert ds.sizes["time"] == 3
+        step = int(ds["step"].values[-1])
+        assert ds.attrs["status"] == (
+            f"stopped: at step {step}, t = {float(ds['time'][-1]):.6g} s after --max-frames 2; "
+            "continue with --resume"
+        )
+        assert ds.sizes["time"] == 3 and ds.attrs["n_frames"] == 3
     assert main(["shallow-water", "--output", str(part), "--resume", "--quiet"]) == 0
     with xr.open_dataset(full) as a, xr.open_dataset(part) as b:
         assert b.attrs["status"] == "complete"
@@ -312,7 +316,8 @@ def test_resume_refuses_settings_that_differ_from_the_stored_run(tmp_path, capsy
     args = [*FAST, "--save-every", "2", "--param", "amplitude=0.02", "--output", str(out)]
     assert main(["shallow-water", *args, "--max-frames", "2"]) == 0
     with h5py.File(out, "r") as f:
-        frames = f["time"].shape[0]
+        frames, status = f["time"].shape[0], f.attrs["status"]
+    assert status.startswith("stopped: at step 4,")
     for extra, match in (
         (["--precision", "float64"], "--precision 'float64' differs from the stored 'float32'"),
         (["--n", "32"], "--nx 32 differs from the stored 16"),
@@ -323,7 +328,7 @@ def test_resume_refuses_settings_that_differ_from_the_stored_run(tmp_path, capsy
         assert code == 2
         assert match in capsys.readouterr().err
         with h5py.File(out, "r") as f:
-            assert f["time"].shape[0] == frames and f.attrs["status"] == "running"
+            assert f["time"].shape[0] == frames and f.attrs["status"] == status
     # the same settings again (a default parameter spelled out too) continue the run
     code = main(["shallow-water", *args, "--resume", "--param", "gravity=9.81"])
     assert code == 0

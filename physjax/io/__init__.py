@@ -10,6 +10,9 @@ from ._netcdf import (
     STATUS_RUNNING as STATUS_RUNNING,
 )
 from ._netcdf import (
+    STATUS_STOPPED as STATUS_STOPPED,
+)
+from ._netcdf import (
     NetCDFWriter as NetCDFWriter,
 )
 from ._netcdf import (

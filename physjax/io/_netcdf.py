@@ -40,6 +40,7 @@ from ..grids._grid import check_location
 STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"
 STATUS_INTERRUPTED = "interrupted"
+STATUS_STOPPED = "stopped"
 
 
 @dataclasses.dataclass(frozen=True)
