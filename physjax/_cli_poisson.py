@@ -478,7 +478,7 @@ def run(args) -> int:
     from .io import check_writable
 
     check_writable(output, "--output")
-    _check_plot_path(s.get("plot"))
+    _check_plot_path(s.get("plot"), output=output)
 
     import jax
     import jax.numpy as jnp

@@ -15,13 +15,15 @@ import numpy as np
 class SimulationBlewUp(RuntimeError):
     """A run produced NaN or Inf. ``step`` and ``time`` name the first bad step."""
 
-    def __init__(self, step: int, time: float, frames_written: int):
+    def __init__(self, step: int, time: float, frames_written: int, output: str | None = None):
         self.step = step
         self.time = time
         self.frames_written = frames_written
+        self.output = output
+        where = "" if output is None else f" in {output}"
         super().__init__(
             f"the run blew up (NaN/Inf) at step {step}, t = {time:.6g} s; the {frames_written} "
-            "frame(s) written before it are kept. Lower dt (or --cfl) or add dissipation."
+            f"frame(s) written before it are kept{where}. Lower dt (or --cfl) or add dissipation."
         )
 
 
@@ -84,8 +86,9 @@ def drive(
             step += n
             frames += 1
             if progress is not None:
-                progress.update(n)
+                # the time first: update() redraws, set_postfix_str(refresh=False) does not
                 progress.set_postfix_str(f"t={_format_time(step * dt)}", refresh=False)
+                progress.update(n)
     except KeyboardInterrupt:
         raise RunInterrupted(step, step * dt, frames) from None
     return state, step, frames

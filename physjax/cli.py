@@ -104,8 +104,14 @@ def load_config(
             raw = tomllib.load(f)
     except FileNotFoundError:
         raise ValueError(f"--config: file {path!r} does not exist") from None
+    except IsADirectoryError:
+        raise ValueError(f"--config: {path!r} is a directory, not a TOML file") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--config: {path!r} is not UTF-8 text, as TOML must be: {e}") from None
     except tomllib.TOMLDecodeError as e:
         raise ValueError(f"--config: {path!r} is not valid TOML: {e}") from None
+    except OSError as e:
+        raise ValueError(f"--config: {path!r} cannot be read: {e}") from None
     raw = {k.replace("-", "_"): v for k, v in raw.items()}
     unknown = sorted(set(raw) - set(allowed) - ({"parameters"} if parameters else set()))
     if unknown:
@@ -236,13 +242,28 @@ def _positive_number(name: str, value, integer: bool = False):
     return int(value) if integer else float(value)
 
 
-def _check_plot_path(path: str | None, option: str = "--plot") -> None:
+def _same_file(a: str, b: str) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)  # hard links
+    except OSError:
+        return False
+
+
+def _check_plot_path(path: str | None, option: str = "--plot", output: str | None = None) -> None:
+    """A writable ``.png`` path, not the run's output file (the picture would replace it)."""
     if path is None:
         return
     from .io import check_writable
 
     if not path.lower().endswith(".png"):
         raise ValueError(f"{option} must name a .png file, got {path!r}")
+    if output is not None and _same_file(path, output):
+        raise ValueError(
+            f"{option} {path!r} is the output file itself; the picture would replace the "
+            "data: give it its own name"
+        )
     check_writable(path, option)
 
 
@@ -387,7 +408,11 @@ def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dic
         was = stored.get(key)
         if key == "dt" and stored.get("dt_requested") is not None:
             was = stored["dt_requested"]
-        if key not in stored or not same(value, was):
+        if key == "devices":  # 4, "4", "2x2", [2, 2]: compared as layouts
+            differs = not same(_devices_setting(value), _devices_setting(was))
+        else:
+            differs = not same(value, was)
+        if key not in stored or differs:
             if key == "cfl_check":
                 option = "--no-cfl-check" if not value else "a CFL check"
                 was = "the stored run, which checked dt" if was else "the stored --no-cfl-check"
@@ -454,6 +479,8 @@ def run_shallow_water(
     if max_frames is not None:
         max_frames = _positive_number("--max-frames", max_frames, integer=True)
     output = settings.get("output")
+    if output == "":
+        raise ValueError("--output must name a file, got ''")
     if resume:
         if not output:
             raise ValueError("--resume needs --output naming the file to continue")
@@ -464,14 +491,22 @@ def run_shallow_water(
         case = CASES.get(stored.get("case"))
         _check_resume_settings(settings, stored, output, case.defaults if case else {})
         if attrs.get("status") == "complete":
-            print(f"{output} is already complete; nothing to resume", file=out)
+            plot = settings.get("plot")
+            _check_plot_path(plot, output=output)
+            if plot:
+                _write_plot(output, plot)
+            plot_note = f"; drew its last frame to {plot}" if plot else ""
+            print(f"{output} is already complete; nothing to resume{plot_note}", file=out)
             return {"output": output, "frames": attrs["n_frames"], "resumed": False}
         settings = {**stored, "output": output, "plot": settings.get("plot") or stored.get("plot")}
 
-    case_name = settings.get("case") or "geostrophic-adjustment"
+    # an empty string is not "no setting": it is refused below like any unknown value
+    case_name = settings.get("case")
+    case_name = "geostrophic-adjustment" if case_name is None else case_name
     if case_name not in CASES:
         raise ValueError(f"--case: unknown case {case_name!r}; choose one of {', '.join(CASES)}")
-    precision = settings.get("precision") or "float32"
+    precision = settings.get("precision")
+    precision = "float32" if precision is None else precision
     devices = _devices_setting(settings.get("devices"))
     setup_jax(precision, devices)
 
@@ -519,7 +554,7 @@ def run_shallow_water(
         cfl = settings.get("cfl")
     save_every = settings.get("save_every")
     save_every = (
-        max(1, n_steps // 20)
+        math.ceil(n_steps / 20)  # at most 20 frames after the initial one, at least 11
         if save_every is None
         else _positive_number("--save-every", save_every, integer=True)
     )
@@ -533,7 +568,7 @@ def run_shallow_water(
     output = output or f"{case_name}.h5"
     check_writable(output, "--output")
     plot = settings.get("plot")
-    _check_plot_path(plot)
+    _check_plot_path(plot, output=output)
     resolved = {
         "command": "shallow-water",
         "case": case_name,
@@ -584,7 +619,8 @@ def run_shallow_water(
                 attrs={
                     "title": f"physjax shallow-water: {case.description}",
                     "case": case_name,
-                    "parameters": case.parameters,
+                    # the run's end time, not the case's default
+                    "parameters": {**case.parameters, "t_end": t_end},
                     "configuration": resolved,
                 },
             )
@@ -626,7 +662,7 @@ def run_shallow_water(
             bar.close()
             writer.finish(f"failed: NaN/Inf at step {e.step}, t = {e.time:.6g} s")
             e.frames_written += frames_before
-            raise SimulationBlewUp(e.step, e.time, e.frames_written) from None
+            raise SimulationBlewUp(e.step, e.time, e.frames_written, output) from None
         except RunInterrupted:
             stop.shield()
             bar.close()
@@ -692,6 +728,8 @@ def _cmd_shallow_water(args) -> int:
 
 
 def _cmd_plot(args) -> int:
+    if os.path.isdir(args.file):
+        raise ValueError(f"file {args.file!r} is a directory; give a physjax output file")
     if not os.path.isfile(args.file):
         raise ValueError(f"file {args.file!r} does not exist")
     out = args.output or os.path.splitext(args.file)[0] + ".png"

@@ -164,6 +164,13 @@ def test_resume_of_a_complete_file_still_checks_the_settings(tmp_path, capsys):
     assert out.read_bytes() == before
     assert main([*resume, "--case", "gravity-wave"]) == 0
     assert "already complete; nothing to resume" in capsys.readouterr().out
+    # --plot with it still draws the last frame, and leaves the file alone
+    png = tmp_path / "r.png"
+    assert main([*resume, "--plot", str(png)]) == 0
+    assert f"drew its last frame to {png}" in capsys.readouterr().out
+    assert png.stat().st_size > 10_000 and out.read_bytes() == before
+    code, err = _error(capsys, [*resume, "--plot", str(tmp_path / "r.jpg")])
+    assert code == 2 and "--plot must name a .png file" in err
 
 
 def test_resume_of_a_file_of_another_command_is_refused(tmp_path, capsys):
@@ -202,4 +209,60 @@ def test_plot_subcommand_errors(tmp_path, capsys):
     code, err = _error(capsys, ["plot", str(out), "--output", str(folder)])
     assert code == 2 and f"--output {str(folder)!r} is a directory" in err
     assert "Traceback" not in err
+    code, err = _error(capsys, ["plot", str(tmp_path)])
+    assert code == 2 and f"file {str(tmp_path)!r} is a directory" in err
     assert sorted(os.listdir(tmp_path)) == ["a.h5", "d.png", "notanhdf5.txt"]
+
+
+def test_output_and_plot_on_the_same_path_are_refused(tmp_path, capsys):
+    """The picture would replace the data (it did: exit 0, and only a PNG left)."""
+    same = tmp_path / "x.png"
+    for command in (["shallow-water", *FAST], ["poisson", "--n", "16", "--quiet"]):
+        code, err = _error(capsys, [*command, "--output", str(same), "--plot", str(same)])
+        assert code == 2 and f"--plot {str(same)!r} is the output file itself" in err
+        assert not same.exists()
+    # the same file by another spelling
+    other = tmp_path / "sub" / ".." / "x.png"
+    (tmp_path / "sub").mkdir()
+    argv = ["shallow-water", *FAST, "--output", str(same), "--plot", str(other)]
+    code, err = _error(capsys, argv)
+    assert code == 2 and "is the output file itself" in err and not same.exists()
+
+
+@pytest.mark.parametrize("content", [None, b'case = "gravity-wave\xff"\n'])
+def test_config_that_is_a_folder_or_not_utf8_names_config(tmp_path, capsys, content):
+    path = tmp_path / "c.toml"
+    if content is None:
+        path.mkdir()
+        match = f"--config: {str(path)!r} is a directory"
+    else:
+        path.write_bytes(content)
+        match = f"--config: {str(path)!r} is not UTF-8 text"
+    code, err = _error(capsys, ["shallow-water", "--config", str(path), "--output", "o.h5"])
+    assert code == 2 and match in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "setting, match",
+    [
+        ("case", "--case: unknown case ''"),
+        ("precision", "--precision must be float32 or float64, got ''"),
+        ("output", "--output must name a file, got ''"),
+    ],
+)
+def test_empty_strings_are_refused_not_taken_for_defaults(tmp_path, capsys, setting, match):
+    cfg = tmp_path / "e.toml"
+    cfg.write_text(f'n = 16\nt_end = 2000.0\n{setting} = ""\n')
+    argv = ["shallow-water", "--config", str(cfg), "--quiet"]
+    if setting != "output":
+        argv += ["--output", str(tmp_path / "o.h5")]
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        code, err = _error(capsys, argv)
+        flag, err2 = _error(capsys, ["shallow-water", "--n", "16", f"--{setting}", "", "--quiet"])
+    finally:
+        os.chdir(cwd)
+    assert code == 2 and match in err
+    assert flag == 2 and (match in err2 or "invalid choice" in err2)
+    assert sorted(os.listdir(tmp_path)) == ["e.toml"]

@@ -169,6 +169,7 @@ def test_blow_up_stops_with_step_and_keeps_frames(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 3
     assert "blew up (NaN/Inf) at step" in err and "t = " in err
+    assert f"written before it are kept in {out}." in err  # the line names the file
     step = int(err.split("at step ")[1].split(",")[0])
     t = float(err.split("t = ")[1].split(" s;")[0])
     assert t == pytest.approx(step * 6000, rel=1e-6)  # the time of that step (dt = 6000 s)
@@ -304,6 +305,20 @@ def test_devices_from_config_file(tmp_path, capsys):
     assert main(["shallow-water", "--config", str(cfg), "--output", str(out), "--quiet"]) == 0
     with xr.open_dataset(out) as ds:
         assert '"devices": [2, 2]' in ds.attrs["configuration"]
+    # --resume with the same config (devices spelled "2x2", stored as [2, 2]) continues
+    part = tmp_path / "p.h5"
+    cfg.write_text(
+        f'case = "gravity-wave"\nn = 16\nt_end = 3600.0\nsave_every = 2\ndevices = "2x2"\n'
+        f"output = {str(part)!r}\nquiet = true\n"
+    )
+    assert main(["shallow-water", "--config", str(cfg), "--max-frames", "1"]) == 0
+    assert main(["shallow-water", "--config", str(cfg), "--resume"]) == 0
+    with xr.open_dataset(part) as ds:
+        assert ds.attrs["status"] == "complete"
+    code = main(["shallow-water", "--output", str(part), "--resume", "--devices", "4x1"])
+    assert code == 2 and "--devices (4, 1) differs from the stored [2, 2]" in (
+        capsys.readouterr().err
+    )
     cfg.write_text('devices = "2y2"\n')
     for command in ("shallow-water", "poisson"):
         assert main([command, "--config", str(cfg), "--output", str(tmp_path / "e.h5")]) == 2
@@ -634,3 +649,47 @@ def test_resume_compares_cfl_with_the_stored_one(tmp_path, capsys):
         assert ds.attrs["status"] == "complete" and ds["time"].values[-1] == 3000
         assert json.loads(ds.attrs["configuration"])["cfl"] == 0.5
         assert json.loads(dsdt.attrs["configuration"])["cfl"] is None
+
+
+def test_default_save_every_gives_at_most_20_frames_and_parameters_record_t_end(tmp_path):
+    """35 steps used to give 36 frames (save_every 35 // 20 = 1); the ``parameters``
+    attributes recorded the case's default end time, not the run's --t-end."""
+    out = tmp_path / "f.h5"
+    argv = ["shallow-water", "--n", "32", "--t-end", "20000", "--quiet", "--output", str(out)]
+    assert main(argv) == 0
+    with xr.open_dataset(out) as ds:
+        config = json.loads(ds.attrs["configuration"])
+        n_steps, save_every = config["n_steps"], config["save_every"]
+        assert n_steps > 20 and save_every == -(-n_steps // 20)
+        assert 11 <= ds.sizes["time"] - 1 <= 20
+        assert ds.attrs["parameter_t_end"] == 20000.0
+        assert json.loads(ds.attrs["parameters"])["t_end"] == 20000.0 == config["t_end"]
+
+
+def test_progress_bar_shows_the_time_of_the_frame_just_reached():
+    """The bar redraws in update(); the time must be set before it (it lagged a frame)."""
+    from physjax._runner import _format_time, drive
+
+    class Bar:
+        def __init__(self):
+            self.postfix, self.n, self.shown = "", 0, []
+
+        def set_postfix_str(self, text, refresh=True):
+            self.postfix = text
+
+        def update(self, n):
+            self.n += n
+            self.shown.append((self.n, self.postfix))
+
+    bar = Bar()
+    drive(
+        lambda s, t0, n: s + n,
+        np.zeros(()),
+        dt=60.0,
+        step0=0,
+        n_steps=10,
+        save_every=4,
+        on_frame=lambda s, t, k: None,
+        progress=bar,
+    )
+    assert bar.shown == [(k, f"t={_format_time(60.0 * k)}") for k in (4, 8, 10)]
