@@ -288,7 +288,7 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
     bad = int(np.sum(~np.isfinite(data)))
     if bad:
         raise ValueError(f"--{option}: {spec} holds {bad} non-finite value(s) (NaN/Inf)")
-    return dict(
+    field = dict(
         data=data,
         dims=dims,
         coords=coords,
@@ -298,6 +298,43 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
         time=time_value,
         spec=spec,
     )
+    return _in_grid_order(field, option)
+
+
+def _axis_of(dim: str | None) -> str | None:
+    """``x``, ``y`` or ``z`` for a dimension named so (or ``x_f``…, a face dimension)."""
+    if not dim:
+        return None
+    name = dim.lower()
+    name = name[:-2] if name.endswith("_f") else name
+    return name if name in ("x", "y", "z") else None
+
+
+def _in_grid_order(field: dict, option: str) -> dict:
+    """A field whose dimensions are named x, y (and z) is put in the grid's order (z,) y, x,
+    transposed if it is stored otherwise; other names are taken by position."""
+    dims = field["dims"]
+    ndim = field["data"].ndim
+    want = ("z", "y", "x")[3 - ndim :]
+    axes = [_axis_of(d) for d in dims]
+    if None in axes:
+        return field
+    if sorted(axes) != sorted(want):
+        raise ValueError(
+            f"--{option}: {field['spec']} has dimensions {tuple(dims)}; a {ndim}-D field "
+            f"needs dimensions along {', '.join(want)}"
+        )
+    order = [axes.index(a) for a in want]
+    if order == list(range(ndim)):
+        return field
+    return {
+        **field,
+        "data": np.transpose(field["data"], order),
+        "dims": [dims[k] for k in order],
+        "coords": [field["coords"][k] for k in order],
+        "coord_units": [field["coord_units"][k] for k in order],
+        "transposed_from": tuple(dims),
+    }
 
 
 def _decode_cf(ds, raw: np.ndarray, option: str, spec: str) -> np.ndarray:
@@ -431,6 +468,10 @@ def run(args) -> int:
         shape = [ny, nx] if s.get("nz") is None else [s["nz"], ny, nx]
     ndim = len(shape)
     names = ("z", "y", "x")[3 - ndim :]
+    if ndim == 2 and s.get("lz") is not None:
+        raise ValueError(
+            f"--lz given, but the problem is 2-D (shape {tuple(shape)}); give --nz for 3-D"
+        )
     lengths = [s.get(f"l{name}") for name in names]
     if rhs is not None:
         extent, origin = _geometry_from_coords(rhs, lengths, names)

@@ -21,10 +21,11 @@ def _axes(ds, dims):
 def plot_panels(
     path: str | os.PathLike,
     output: str | os.PathLike,
-    frame: int = -1,
+    frame: int | None = None,
     names: list[str] | None = None,
 ) -> str:
-    """Plot the fields of one frame of a physjax file into a PNG; returns ``output``.
+    """Plot the fields of one frame (default: the last) of a physjax file into a PNG;
+    returns ``output``. A file without a time axis (a Poisson solve) has no frames to pick.
 
     Shallow-water files show the height anomaly ``h + b − mean`` [m] and the relative
     vorticity ζ [s⁻¹]; other files show the variables ``names`` (default: up to three of
@@ -42,6 +43,7 @@ def plot_panels(
         raise ValueError(f"cannot read {os.fspath(path)!r} as a NetCDF4/HDF5 file: {e}") from None
     with opened as ds:
         if "time" in ds.dims:
+            frame = -1 if frame is None else frame
             # Only whole frames: a running file may hold one being written.
             n = min(int(ds.attrs.get("n_frames", ds.sizes["time"])), ds.sizes["time"])
             if n == 0:
@@ -52,6 +54,11 @@ def plot_panels(
                     f"{'s' if n != 1 else ''} (0 to {n - 1}, or -1 for the last)"
                 )
             sel = ds.isel(time=frame % n)
+        elif frame is not None:
+            raise ValueError(
+                f"--frame {frame}: {os.fspath(path)!r} has no time axis, so no frames to pick "
+                "(leave --frame out)"
+            )
         else:
             sel = ds
         panels = []

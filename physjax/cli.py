@@ -765,7 +765,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plot", help="quick-look PNG of a physjax output file")
     pl.add_argument("file", help="a physjax .h5 file")
     pl.add_argument("--output", help="PNG to write (default: next to the file)")
-    pl.add_argument("--frame", type=int, default=-1, help="frame index (default: last)")
+    pl.add_argument("--frame", type=int, default=None, help="frame index (default: last)")
     pl.set_defaults(func=_cmd_plot)
     return parser
 

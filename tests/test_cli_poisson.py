@@ -136,6 +136,16 @@ def test_user_rhs_takes_the_files_grid(tmp_path):
     grid = Grid(f.shape, (24 * dy, 40 * dx), periodic=(False, True), dtype="float64")
     ref = np.asarray(PoissonSolver(grid, ("dirichlet", "periodic"))(f))
     assert np.abs(ref - u).max() <= 1e-12 * np.abs(ref).max()
+    # the same field stored (x, y): read by its dimension names, not their order (it was
+    # solved with the axes, spacings and --bc swapped)
+    with xr.open_dataset(src) as inp:
+        inp.load().transpose("x", "y").to_netcdf(tmp_path / "xy.nc", engine="h5netcdf")
+    spec = f"{tmp_path / 'xy.nc'}:forcing"
+    code, out2 = _poisson(tmp_path, "--rhs", spec, "--bc", "dirichlet,periodic", name="xy.h5")
+    assert code == 0
+    with xr.open_dataset(out2) as ds:
+        assert ds["u"].dims == ("y", "x") and np.array_equal(ds["u"].values, u)
+        np.testing.assert_allclose(ds["x"], dx * (np.arange(40) + 0.5) - 50e3, atol=1e-9)
 
 
 def test_streamfunction_of_a_shallow_water_run(tmp_path):
@@ -287,6 +297,11 @@ def test_plot_and_script_wrapper(tmp_path):
     with h5py.File(out, "r") as h:
         assert h.attrs["status"] == "complete"
         assert h["u"].shape == (8, 16, 16)
+    # physjax plot redraws it; a --frame is refused, the file has no time axis
+    again = tmp_path / "again.png"
+    assert main(["plot", str(out), "--output", str(again)]) == 0 and again.stat().st_size > 10_000
+    assert main(["plot", str(out), "--frame", "3", "--output", str(tmp_path / "f.png")]) == 2
+    assert not (tmp_path / "f.png").exists()
 
 
 @pytest.fixture
@@ -296,6 +311,7 @@ def rhs_file(tmp_path):
     with h5py.File(path, "a") as h:
         h["line"] = np.zeros(8)
         h["bad"] = np.full((8, 8), np.nan)
+    xr.Dataset({"yz": (("y", "z"), np.ones((8, 8)))}).to_netcdf(path, "a", engine="h5netcdf")
     return path
 
 
@@ -318,6 +334,9 @@ def rhs_file(tmp_path):
         (["--rhs", "{rhs}:forcing", "--bc", "periodic", "--frame", "3"], "out of range"),
         (["--rhs", "{rhs}:forcing", "--bc", "periodic", "--nx", "16"], "--nx=16 does not match"),
         (["--rhs", "{rhs}:forcing"], "--rhs needs --bc"),
+        (["--lz", "5"], "--lz given, but the problem is 2-D"),
+        (["--rhs", "{rhs}:forcing", "--bc", "periodic", "--lz", "5"], "--lz given"),
+        (["--rhs", "{rhs}:yz", "--bc", "periodic"], "needs dimensions along y, x"),
         (["--rhs", "{rhs}"], "--rhs must be FILE:VARIABLE"),
         (
             ["--rhs", "{rhs}:forcing", "--bc", "periodic", "--compatibility", "check"],

@@ -387,6 +387,22 @@ def test_bad_input_errors():
         PoissonSolver(walls, "dirichlet", "cg", coefficient=np.ones((16, 16)) + 0j)
     with pytest.raises(ValueError, match="smoothing must be two sweep counts"):
         PoissonSolver(walls, "dirichlet", "cg", smoothing=3)
+    # CG stalled with a one-sided V-cycle (100 iterations, not converged)
+    with pytest.raises(ValueError, match=r"smoothing=\(1, 0\): method='cg' needs a symmetric"):
+        PoissonSolver(walls, "dirichlet", "cg", smoothing=(1, 0))
+    assert PoissonSolver(walls, "dirichlet", "multigrid", smoothing=(1, 0)).smoothing == (1, 0)
+    for bad in (0, -5, "a", 2.5, True):
+        with pytest.raises(ValueError, match="max_coarse must be a positive integer"):
+            PoissonSolver(walls, "dirichlet", "multigrid", max_coarse=bad)
+    # a malformed wall pair is named with the value given, not a tracer
+    for pair, shown in (
+        (np.array([1.0, 2.0]), "array([1., 2.])"),
+        ((0.0, 0.0, 1.0), "(0.0, 0.0, 1.0)"),
+        (1.0, "1.0"),
+    ):
+        with pytest.raises(ValueError, match="must be a pair") as err:
+            PoissonSolver(walls, "dirichlet")(np.zeros((16, 16)), {"x": pair})
+        assert f"got {shown}" in str(err.value) and "Tracer" not in str(err.value)
     with pytest.raises(ValueError, match="jax_enable_x64 is off"):
         with jax.enable_x64(False):
             PoissonSolver(walls, "dirichlet")

@@ -88,7 +88,7 @@ class PoissonSolver(eqx.Module):
     - `max_iterations`: cycles or CG iterations before giving up (default 100).
     - `cycle`: ``"V"`` (default) or ``"F"``.
     - `smoothing`: red–black Gauss–Seidel sweeps ``(before, after)`` the coarse correction
-      (default ``(2, 2)``).
+      (default ``(2, 2)``); equal counts for ``"cg"``, whose preconditioner must be symmetric.
     - `max_coarse`: most cells on the coarsest level, solved by a dense inverse (default
       1024). Grids that cannot be halved down to that size are rejected.
     - `compatibility`: for problems without Dirichlet axes (periodic/Neumann), ``"check"``
@@ -183,6 +183,17 @@ class PoissonSolver(eqx.Module):
                 f"smoothing must be two sweep counts (before, after), ≥ 0 and not both 0, "
                 f"got {smoothing}"
             )
+        if method == "cg" and smoothing[0] != smoothing[1]:
+            raise ValueError(
+                f"smoothing={smoothing}: method='cg' needs a symmetric preconditioner, as many "
+                "sweeps after the coarse correction as before, e.g. (2, 2)"
+            )
+        if (
+            not isinstance(max_coarse, (int, np.integer))
+            or isinstance(max_coarse, bool)
+            or max_coarse < 1
+        ):
+            raise ValueError(f"max_coarse must be a positive integer, got {max_coarse!r}")
         if rtol is None:
             rtol = 1e-10 if grid.dtype == "float64" else 1e-5
         if not (0 <= rtol < 1) or atol < 0 or rtol == atol == 0:
@@ -541,6 +552,15 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general):
     """
     cls = type(solver)
     f = cls._check_field(solver, f, "f")
+    if isinstance(boundary_values, Mapping):
+        # the shape of each entry is checked here, on the values as given: inside the
+        # compiled call the message would show tracers instead
+        for name, pair in boundary_values.items():
+            if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+                raise ValueError(
+                    f"boundary_values[{name!r}] must be a pair (low, high) (a tuple or list), "
+                    f"got {pair!r}"
+                )
     if boundary_values is not None:
         # Python numbers would be static under eqx.filter_jit: a stepper passing new wall
         # values every step would then compile every step. As 0-d arrays they are traced.
