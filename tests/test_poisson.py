@@ -168,9 +168,11 @@ def test_one_fft_solve_equals_axis_by_axis_transforms(shape, bc):
 @pytest.mark.parametrize(
     "shapes",
     [
-        [(64, 64), (128, 128), (256, 256), (512, 512)],
+        [(64, 64), (128, 128), (256, 256)],
+        pytest.param([(64, 64), (128, 128), (256, 256), (512, 512)], marks=pytest.mark.slow),
         [(32, 32, 32), (64, 64, 64)],
-        # the whole 3-D range the issue names; 128³ alone is most of this test's time
+        # the whole ranges the issue names, 64²–512² and 32³–128³, with -m slow: 512² and 128³
+        # are most of this test's time
         pytest.param([(32, 32, 32), (64, 64, 64), (128, 128, 128)], marks=pytest.mark.slow),
     ],
 )
@@ -531,7 +533,11 @@ def test_neumann_values_with_coefficient_second_order():
 
 @pytest.mark.parametrize(
     "shape,extent",
-    [((24, 40), (2.0, 0.5)), ((64, 64), (1.0, 4.0)), ((16, 64, 64), (1.0, 1.0, 1.0))],
+    [
+        ((24, 40), (2.0, 0.5)),
+        ((64, 64), (1.0, 4.0)),
+        pytest.param((16, 64, 64), (1.0, 1.0, 1.0), marks=pytest.mark.slow),
+    ],
 )
 def test_anisotropic_grids_semi_coarsening(shape, extent):
     """Halving every axis kept dy/dx on every level and the point smoother stalled: 100
@@ -548,7 +554,7 @@ def test_anisotropic_grids_semi_coarsening(shape, extent):
 _THIN = ((8, 32, 32), (100.0, 5e5, 5e5))  # 8 layers of 12.5 m under 15.6 km cells
 
 
-@pytest.mark.parametrize("bc", ["dirichlet", "neumann"])
+@pytest.mark.parametrize("bc", [pytest.param("dirichlet", marks=pytest.mark.slow), "neumann"])
 def test_thin_layers_line_relaxation(bc):
     """The 8 layers halve only down to 2, still 1250× finer than the horizontal spacing: the
     levels below relax z-lines exactly and halve x and y. Before, such grids were refused."""
@@ -579,6 +585,7 @@ def test_thin_layers_line_relaxation_bounded_cycles():
     assert max(counts) - min(counts) <= 2 and max(counts) <= 12, counts
 
 
+@pytest.mark.slow
 def test_thin_layers_line_relaxation_with_coefficient():
     """A coefficient varying 100-fold in the vertical (stratification) and 2-fold across:
     CG preconditioned by the line-relaxed V-cycle converges in a few iterations, and the
@@ -597,7 +604,8 @@ def test_thin_layers_line_relaxation_with_coefficient():
 
 
 @pytest.mark.multidevice
-@pytest.mark.parametrize("layout", [(1, 2, 2), pytest.param((2, 1, 2), marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [(1, 2, 2), (2, 1, 2)])
 def test_thin_layers_multi_device_equals_one_device(layout):
     """(1, 2, 2): the lines stay on one device and the line levels are split in x and y;
     (2, 1, 2): the layers are split, so the levels after the vertical halving are gathered

@@ -228,6 +228,7 @@ def test_numpy_integer_step_counts(adjust):
 
 
 # ----------------------------------------------------------- 7. BacksolveAdjoint wrt the model
+@pytest.mark.slow
 def test_backsolve_adjoint_gradient_wrt_drag():
     c = make_case("wind-gyre", nx=8, ny=8, precision="float64")
     m, s = c.model, c.state
