@@ -333,7 +333,6 @@ def _in_grid_order(field: dict, option: str) -> dict:
         "dims": [dims[k] for k in order],
         "coords": [field["coords"][k] for k in order],
         "coord_units": [field["coord_units"][k] for k in order],
-        "transposed_from": tuple(dims),
     }
 
 
