@@ -1,9 +1,10 @@
 """Shallow-water speed: physjax against a plain vectorised NumPy version of the same scheme.
 
 Prints, for each grid size and precision: steps/s and cell-updates/s of physjax (its default
-step: cache-blocked strips of rows on the CPU for fields of 4 MiB or more) and of NumPy, the
-speed-up, the cost per cell-update, the cost of physjax's plain (unblocked) step timed in
-the same run, the strip height used, the number of XLA fusions per RK3 step of the plain
+step: on the CPU, once the fields outgrow the cache, cache-blocked strips of rows, each
+advanced three steps per visit) and of NumPy, the speed-up, the cost per cell-update, the
+costs of physjax's plain (unblocked) step and of strips advanced one step per visit, timed
+in the same run, the strip height used, the number of XLA fusions per RK3 step of the plain
 step, and the fraction of the machine's memory bandwidth reached (minimum traffic: the three
 prognostic fields read and written once per stage, 18·N²·itemsize bytes per step). The
 bandwidth is measured here by a STREAM-like in-place add. Writes JSON to benchmarks/results/.
@@ -40,10 +41,12 @@ import sw_numpy  # noqa: E402
 from physjax.grids import CENTRE, Grid  # noqa: E402
 from physjax.solvers import ShallowWater  # noqa: E402
 from physjax.solvers.shallow_water._blocked import (  # noqa: E402
+    AUTO_STRIP_STEPS,
+    OVERLAP,
     auto_strip_rows,
     last_level_cache_bytes,
 )
-from physjax.solvers.shallow_water._model import _strip_rows  # noqa: E402
+from physjax.solvers.shallow_water._model import _strip_plan  # noqa: E402
 
 G, F0, L, H = 9.81, 1e-4, 4.0e6, 500.0
 
@@ -87,9 +90,11 @@ def bandwidth(gib: float = 1.0) -> dict:
     return {"numpy_GBps": bytes_moved / t_np / 1e9, "jax_GBps": bytes_moved / t_jax / 1e9}
 
 
-def make(n: int, dtype: str, strip_rows: int | None = None):
+def make(n: int, dtype: str, strip_rows: int | None = None, strip_steps: int | None = None):
     grid = Grid((n, n), (L, L), periodic=True, dtype=dtype)
-    model = ShallowWater(grid, gravity=G, coriolis=F0, strip_rows=strip_rows)
+    model = ShallowWater(
+        grid, gravity=G, coriolis=F0, strip_rows=strip_rows, strip_steps=strip_steps
+    )
     y, x = grid.mesh_coordinates(CENTRE)
     h = H + 10 * np.exp(-((x - L / 2) ** 2 + (y - L / 2) ** 2) / (L / 8) ** 2)
     state = model.initial_state(h)
@@ -113,19 +118,23 @@ def count_fusions(model, state, dt) -> int:
 
 
 def bench_physjax(n, dtype, steps, repeats=3):
-    """Seconds per step of the plain and the strip-blocked step, interleaved: each of
-    ``repeats`` rounds times both for ≥ 1 s; medians. On the CPU the strips are those the
-    automatic choice takes once it blocks (``auto_strip_rows`` with no cache), whether or
-    not it blocks on this machine; the default (automatic) step is one of the two. Also the
-    fusions of the plain step."""
+    """Seconds per step of the plain step, of strips advanced one step per visit and of
+    strips advanced ``AUTO_STRIP_STEPS`` steps per visit, interleaved: each of ``repeats``
+    rounds times each for ≥ 1 s; medians. On the CPU the strips are those the automatic
+    choice takes once it blocks (``auto_strip_rows`` with no cache), whether or not it
+    blocks on this machine; the default (automatic) step is the plain step or the last
+    variant. Also the fusions of the plain step."""
     model, state, dt = make(n, dtype)
-    auto = _strip_rows(model)
-    candidates = {"plain": 0}
+    auto, _ = _strip_plan(model)
+    candidates = {"plain": (0, None)}
     if jax.default_backend() == "cpu":
-        blocked = auto or auto_strip_rows(model.grid, cache_bytes=0)
+        blocked = auto or auto_strip_rows(
+            model.grid, cache_bytes=0, min_rows=OVERLAP * AUTO_STRIP_STEPS
+        )
         if blocked:
-            candidates["blocked"] = blocked
-    models = {name: make(n, dtype, strip_rows=m)[0] for name, m in candidates.items()}
+            candidates["strips1"] = (blocked, 1)
+            candidates["blocked"] = (blocked, None)
+    models = {name: make(n, dtype, *rs)[0] for name, rs in candidates.items()}
     fns = {
         name: lambda mdl=mdl: jax.block_until_ready(
             mdl.advance(state, t0=0.0, dt=dt, n_steps=steps)
@@ -139,7 +148,7 @@ def bench_physjax(n, dtype, steps, repeats=3):
     t = {name: float(np.median(v)) for name, v in times.items()}
     t_default = t["blocked" if auto else "plain"]
     fusions = count_fusions(models["plain"], state, dt)
-    return t_default, t, auto, candidates.get("blocked", 0), fusions
+    return t_default, t, auto, candidates.get("blocked", (0,))[0], fusions
 
 
 def bench_numpy(n, dtype, min_steps=2):
@@ -190,7 +199,8 @@ def main(argv=None):
     )
     header = (
         f"{'N':>6} {'dtype':>8} {'physjax s/step':>15} {'Mcell/s':>9} {'ns/cell':>8} "
-        f"{'numpy s/step':>13} {'speed-up':>9} {'plain ns/cell':>14} {'strips ns/cell':>15} "
+        f"{'numpy s/step':>13} {'speed-up':>9} {'plain ns/cell':>14} {'strips×1 ns':>12} "
+        f"{'strips ns/cell':>15} "
         f"{'rows':>5} {'default':>8} {'fusions':>8} {'%bw':>6}"
     )
     print(header)
@@ -201,6 +211,7 @@ def main(argv=None):
             t_px, t_both, auto, strips, fusions = bench_physjax(n, dtype, steps)
             t_plain = t_both["plain"]
             t_strips = t_both.get("blocked")
+            t_strips1 = t_both.get("strips1")
             t_np, err = (None, None) if args.no_numpy else bench_numpy(n, dtype)
             itemsize = np.dtype(dtype).itemsize
             frac = 18 * n * n * itemsize / t_px / 1e9 / bw_ref
@@ -214,6 +225,10 @@ def main(argv=None):
                 "speedup": None if t_np is None else t_np / t_px,
                 "plain_ns_per_cell_update": t_plain / n**2 * 1e9,
                 "strips_ns_per_cell_update": None if t_strips is None else t_strips / n**2 * 1e9,
+                "strips_one_step_ns_per_cell_update": (
+                    None if t_strips1 is None else t_strips1 / n**2 * 1e9
+                ),
+                "strip_steps": AUTO_STRIP_STEPS if strips else None,
                 "strip_rows": strips,
                 "default": "strips" if auto else "plain",
                 "fusions_per_step_plain": fusions,
@@ -227,6 +242,7 @@ def main(argv=None):
                 f"{n:>6} {dtype:>8} {t_px:>15.3e} {n * n / t_px / 1e6:>9.1f} "
                 f"{t_px / n**2 * 1e9:>8.2f} {np_txt:>13} {sp_txt:>9} "
                 f"{t_plain / n**2 * 1e9:>14.2f} "
+                f"{'-' if t_strips1 is None else f'{t_strips1 / n**2 * 1e9:.2f}':>12} "
                 f"{'-' if t_strips is None else f'{t_strips / n**2 * 1e9:.2f}':>15} "
                 f"{strips or '-':>5} {'strips' if auto else 'plain':>8} {fusions:>8} "
                 f"{100 * frac:>5.1f}%",

@@ -1,5 +1,6 @@
 """Shallow water advanced in cache-blocked strips of rows: the same result as the plain step
-to the last bit, for every boundary and forcing; the automatic choice; bad input."""
+(to the last bit with one step per visit of a strip, to round-off with several), for every
+boundary and forcing; the automatic choice; bad input."""
 
 import dataclasses
 
@@ -36,30 +37,29 @@ def _setup(periodic, dtype="float64", bottom=False, wind=False, seed=1, **kw):
 
 FULL = dict(beta=1e-11, viscosity=100.0, drag=1e-6, bottom=True, wind=True)
 
+CASES = [
+    (True, 16, FULL, True),  # doubly periodic, every term
+    ((False, True), 12, dict(FULL, boundary="no-slip"), True),  # channel: walls across
+    (False, 8, FULL, False),  # closed basin
+    (False, NY, dict(boundary="no-slip", viscosity=50.0), True),  # one strip, both walls
+    pytest.param((False, True), 8, dict(beta=1e-11), False, marks=pytest.mark.slow),
+    pytest.param(
+        (True, False),
+        6,
+        dict(beta=1e-11, viscosity=100.0, bottom=True),
+        False,
+        marks=pytest.mark.slow,
+    ),  # walls along the strips
+    pytest.param(
+        False, 3, dict(boundary="no-slip", viscosity=50.0), False, marks=pytest.mark.slow
+    ),  # smallest strip
+]
 
-@pytest.mark.parametrize(
-    "periodic, m, kw, check_step",
-    [
-        (True, 16, FULL, True),  # doubly periodic, every term
-        ((False, True), 12, dict(FULL, boundary="no-slip"), True),  # channel: walls across
-        (False, 8, FULL, False),  # closed basin
-        (False, NY, dict(boundary="no-slip", viscosity=50.0), True),  # one strip, both walls
-        pytest.param((False, True), 8, dict(beta=1e-11), False, marks=pytest.mark.slow),
-        pytest.param(
-            (True, False),
-            6,
-            dict(beta=1e-11, viscosity=100.0, bottom=True),
-            False,
-            marks=pytest.mark.slow,
-        ),  # walls along the strips
-        pytest.param(
-            False, 3, dict(boundary="no-slip", viscosity=50.0), False, marks=pytest.mark.slow
-        ),  # smallest strip
-    ],
-)
+
+@pytest.mark.parametrize("periodic, m, kw, check_step", CASES)
 def test_strips_equal_plain_step_bit_for_bit(periodic, m, kw, check_step):
     plain, s, dt = _setup(periodic, **kw)
-    blocked = dataclasses.replace(plain, strip_rows=m)
+    blocked = dataclasses.replace(plain, strip_rows=m, strip_steps=1)
     sol_a = plain.run(s, dt=dt, n_steps=30, save_every=10)
     sol_b = blocked.run(s, dt=dt, n_steps=30, save_every=10)
     for a, b in zip(jax.tree.leaves(sol_a.states), jax.tree.leaves(sol_b.states)):
@@ -81,13 +81,44 @@ def test_strips_equal_plain_step_bit_for_bit(periodic, m, kw, check_step):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-13, atol=1e-15)
 
 
+@pytest.mark.parametrize("periodic, m, kw, check_step", CASES)
+def test_strips_of_several_steps_equal_plain_steps(periodic, m, kw, check_step):
+    """Several steps per visit of a strip (``3 S`` rows of overlap, walls refilled between
+    the steps): the plain steps' result to round-off, with frames of 10 steps = blocks of
+    ``S`` steps and single steps for the rest."""
+    steps = min(3, m // 3)
+    if steps < 2:
+        pytest.skip(f"strips of {m} rows hold one step")
+    plain, s, dt = _setup(periodic, **kw)
+    a = plain.run(s, dt=dt, n_steps=30, save_every=10).states
+    for S in range(2, steps + 1):
+        blocked = dataclasses.replace(plain, strip_rows=m, strip_steps=S)
+        b = blocked.run(s, dt=dt, n_steps=30, save_every=10).states
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+            x, y = np.asarray(x), np.asarray(y)
+            assert np.max(np.abs(x - y)) <= 1e-12 * np.max(np.abs(x)), S
+    assert float(jnp.max(jnp.abs(a.h[-1] - s.h))) > 1e-3
+    # the default for strips of m rows is min(3, m // 3) steps per visit
+    auto = dataclasses.replace(plain, strip_rows=m)
+    c = auto.advance(s, t0=0.0, dt=dt, n_steps=6)
+    d = dataclasses.replace(plain, strip_rows=m, strip_steps=steps).advance(
+        s, t0=0.0, dt=dt, n_steps=6
+    )
+    for x, y in zip(jax.tree.leaves(c), jax.tree.leaves(d)):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
 def test_strips_float32_and_mass():
     plain, s, dt = _setup((False, True), dtype="float32", **FULL)
-    blocked = dataclasses.replace(plain, strip_rows=12)
+    one = dataclasses.replace(plain, strip_rows=12, strip_steps=1)
+    blocked = dataclasses.replace(plain, strip_rows=12)  # three steps per visit
     a = plain.advance(s, t0=0.0, dt=dt, n_steps=50)
     b = blocked.advance(s, t0=0.0, dt=dt, n_steps=50)
     assert b.h.dtype == jnp.float32
-    np.testing.assert_array_equal(np.asarray(a.h), np.asarray(b.h))
+    np.testing.assert_array_equal(
+        np.asarray(a.h), np.asarray(one.advance(s, t0=0.0, dt=dt, n_steps=50).h)
+    )
+    assert float(jnp.max(jnp.abs(a.h - b.h))) <= 1e-6 * float(jnp.max(a.h))
     assert abs(float(blocked.mass(b) / blocked.mass(s)) - 1) <= 2e-7
 
 
@@ -162,28 +193,34 @@ def test_automatic_strip_rows():
     def grid(n, dtype):
         return Grid((n, n), (1.0, 1.0), dtype=dtype)
 
-    def auto(g, cache):
-        return auto_strip_rows(g, cache_bytes=cache)
+    def auto(g, cache, min_rows=8):
+        return auto_strip_rows(g, cache_bytes=cache, min_rows=min_rows)
 
     for cache in (None, 32 * 2**20):  # cache size unknown, or a 32 MiB L3
-        assert auto(grid(512, "float64"), cache) == 0  # 2 MiB fields: plain step
-        assert auto(grid(1024, "float32"), cache) == 128  # 4 MiB: 512 KiB per strip field
-        assert auto(grid(768, "float64"), cache) == 64
-        assert auto(grid(1024, "float64"), cache) == 64
-        assert auto(grid(2048, "float64"), cache) == 32
-        assert auto(grid(2048, "float32"), cache) == 64
+        assert auto(grid(256, "float64"), cache) == 0  # 0.5 MiB fields: plain step
+        assert auto(grid(512, "float32"), cache) == 0  # 1 MiB fields: plain step
+        assert auto(grid(512, "float64"), cache) == 256  # 2 MiB: 1 MiB per strip field
+        assert auto(grid(1024, "float32"), cache) == 256
+        assert auto(grid(768, "float64"), cache) == 128
+        assert auto(grid(1024, "float64"), cache) == 128
+        assert auto(grid(2048, "float64"), cache) == 64
+        assert auto(grid(2048, "float32"), cache) == 128
         assert auto(Grid((1031, 1024), (1.0, 1.0), dtype="float64"), cache) == 0  # prime ny
         m = auto(Grid((1536, 1024), (1.0, 1.0), dtype="float64"), cache)
-        assert m and 1536 % m == 0 and m <= 64
-    # 300 MiB of L3: the plain step's 13 fields fit up to 1024² float64 and 2048² float32
+        assert m and 1536 % m == 0 and m <= 128
+    # 300 MiB of L3: the plain step's 13 fields fill less than half of it up to 1024²
+    # float64 (8 MiB fields)
     big = 300 * 2**20
     assert auto(grid(1024, "float64"), big) == 0
-    assert auto(grid(2048, "float32"), big) == 0
-    assert auto(grid(2048, "float64"), big) == 32
+    assert auto(grid(2048, "float32"), big) == 128
+    assert auto(grid(2048, "float64"), big) == 64
     # a 1 MiB cache: 256² float64 (0.5 MiB fields) already blocks, in two strips
     assert auto(grid(256, "float64"), 2**20) == 128
+    # strips must hold the overlap of the steps per visit: 3 per step
+    assert auto(Grid((18, 4096), (1.0, 1.0), dtype="float64"), 2**20, min_rows=9) == 9
+    assert auto(Grid((16, 4096), (1.0, 1.0), dtype="float64"), 2**20, min_rows=9) == 0
     model = ShallowWater(grid(1024, "float64"))
-    assert model.strip_rows is None
+    assert model.strip_rows is None and model.strip_steps is None
 
 
 def test_last_level_cache_from_sysfs(tmp_path, monkeypatch):
@@ -209,7 +246,7 @@ def test_last_level_cache_from_sysfs(tmp_path, monkeypatch):
         _blocked.last_level_cache_bytes.cache_clear()
         assert _blocked.last_level_cache_bytes() is None
         # unknown cache: from 4 MiB fields up
-        assert _blocked.auto_strip_rows(Grid((1024, 1024), (1.0, 1.0), dtype="float64")) == 64
+        assert _blocked.auto_strip_rows(Grid((1024, 1024), (1.0, 1.0), dtype="float64")) == 128
     finally:
         _blocked.last_level_cache_bytes.cache_clear()
 
@@ -229,3 +266,37 @@ def test_bad_strip_rows(strip_rows, scheme, match):
     g = Grid((NY, NX), (1.0, 1.0))
     with pytest.raises(ValueError, match=match):
         ShallowWater(g, strip_rows=strip_rows, scheme=scheme)
+
+
+@pytest.mark.parametrize(
+    "strip_rows, strip_steps, scheme, match",
+    [
+        (12, 0, "ssprk3", "strip_steps must be None or an integer >= 1, got 0"),
+        (12, True, "ssprk3", "strip_steps must be None or an integer >= 1, got True"),
+        (12, 1.5, "ssprk3", "strip_steps must be None or an integer >= 1, got 1.5"),
+        (None, 2, "rk4", "strip_steps needs scheme='ssprk3'"),
+        (0, 2, "ssprk3", "strip_steps=2 needs strips, got strip_rows=0"),
+        (8, 3, "ssprk3", r"strip_rows=8 is too few for strip_steps=3: .* \(9\)"),
+    ],
+)
+def test_bad_strip_steps(strip_rows, strip_steps, scheme, match):
+    g = Grid((NY, NX), (1.0, 1.0))
+    with pytest.raises(ValueError, match=match):
+        ShallowWater(g, strip_rows=strip_rows, strip_steps=strip_steps, scheme=scheme)
+
+
+def test_automatic_strips_choose_rows_that_hold_the_steps(monkeypatch):
+    """With the cache read as 1 MiB, narrow grids of 4096 float64 columns block: the rows
+    chosen hold the overlap of the steps per visit (3 per step), and fewer steps allow
+    fewer rows."""
+    from physjax.solvers.shallow_water import _blocked
+    from physjax.solvers.shallow_water._model import _strip_plan
+
+    monkeypatch.setattr(_blocked, "last_level_cache_bytes", lambda: 2**20)
+    g = Grid((NY, 4096), (1.0, 1.0))
+    assert _strip_plan(ShallowWater(g)) == (24, 3)  # divisors of 48 in 9 .. 24: the largest
+    assert _strip_plan(ShallowWater(g, strip_steps=4)) == (24, 4)
+    g = Grid((20, 4096), (1.0, 1.0))
+    assert _strip_plan(ShallowWater(g)) == (10, 3)
+    assert _strip_plan(ShallowWater(Grid((16, 4096), (1.0, 1.0)))) == (0, 1)  # 8 < 9
+    assert _strip_plan(ShallowWater(Grid((16, 4096), (1.0, 1.0)), strip_steps=2)) == (8, 2)

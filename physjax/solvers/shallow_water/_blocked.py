@@ -1,14 +1,16 @@
-"""SSP-RK3 step of the shallow-water model advanced one strip of rows at a time.
+"""SSP-RK3 steps of the shallow-water model advanced one strip of rows at a time.
 
 On the CPU the unblocked step streams every intermediate field (padded copies, potential
 vorticity, tendencies) through main memory once the grid outgrows the cache: about 36
 field-sized passes per stage for 6 of real traffic. Here the grid is cut into strips of
-``m`` full rows. Each strip is read with three extra rows on either side (one per RK stage:
-the stencil has radius one), all three stages are computed on that small block, and only
-the ``m`` final rows are kept. The strips are visited by ``lax.fori_loop``, so one strip's
-intermediates are reused from cache by the next strip's kernels instead of being written
-to memory. The arithmetic is the unblocked step's, operation for operation: compiled, the
-result is the same to the last bit (tests/test_shallow_water_blocked.py).
+``m`` full rows. Each strip is read with extra rows on either side (three per step, one per
+RK stage: the stencil has radius one), all the stages of ``S`` steps are computed on that
+small block (temporal blocking: ``3 S`` rows of overlap), and only the ``m`` final rows are
+kept. The strips are visited by ``lax.fori_loop``, so one strip's intermediates are reused
+from cache by the next strip's kernels instead of being written to memory, and the state
+itself is read and written once per ``S`` steps. The arithmetic is the unblocked step's,
+operation for operation: compiled, the result is the same to the last bit
+(tests/test_shallow_water_blocked.py).
 
 Walls across the strips (a channel's north and south walls) are honoured by refilling the
 ghost rows of the first and last strip from the stage state after every stage, exactly as
@@ -39,14 +41,17 @@ if TYPE_CHECKING:
 OVERLAP = 3
 #: Fields at least this large (bytes) are advanced in strips on the CPU by default when the
 #: size of the last-level cache cannot be read.
-AUTO_MIN_FIELD_BYTES = 4 * 2**20
+AUTO_MIN_FIELD_BYTES = 2 * 2**20
 #: Field-sized buffers the plain step keeps live (3 in, 3 out, 7 temporaries: XLA's memory
-#: analysis of a compiled step). Strips pay off once these no longer fit in the last-level
-#: cache.
+#: analysis of a compiled step). Strips pay off once these outgrow half of the last-level
+#: cache (measured with three steps per visit: docs/benchmarks.md).
 PLAIN_WORKING_SET_FIELDS = 13
 #: Target size (bytes) of one field of one strip, chosen so that the dozen intermediates
-#: of a stage fit in a few MiB of cache.
-AUTO_STRIP_BYTES = 512 * 2**10
+#: of a stage fit in a few MiB of cache (measured best with three steps per visit:
+#: docs/benchmarks.md).
+AUTO_STRIP_BYTES = 2**20
+#: Steps advanced per visit of a strip when the strips are chosen automatically.
+AUTO_STRIP_STEPS = 3
 
 
 #: Where Linux describes the first CPU's caches.
@@ -78,15 +83,15 @@ def last_level_cache_bytes() -> int | None:
     return best[1]
 
 
-def auto_strip_rows(grid: Grid, cache_bytes: int | None | str = "detect") -> int:
-    """Rows per strip chosen for ``grid`` on the CPU (0: do not block).
+def auto_strip_rows(grid: Grid, cache_bytes: int | None | str = "detect", min_rows: int = 8) -> int:
+    """Rows per strip chosen for ``grid`` on the CPU (0: do not block), at least ``min_rows``.
 
     Strips pay off once the plain step's working set (``PLAIN_WORKING_SET_FIELDS`` fields)
-    outgrows the last-level cache of ``cache_bytes`` (default: read from the machine; if it
-    cannot be read, from fields of ``AUTO_MIN_FIELD_BYTES`` up). Measured: on a 2-core VM
-    with 32 MiB of L3 or less, slower at 512² float64 (2 MiB fields), faster from 768²
-    float64 and 1024² float32 up; on a 2-core VM with 300 MiB of L3, slower up to 1024²
-    float64 and 2048² float32, faster at 2048² float64 (docs/benchmarks.md).
+    outgrows half of the last-level cache of ``cache_bytes`` (default: read from the
+    machine; if it cannot be read, from fields of ``AUTO_MIN_FIELD_BYTES`` up). Measured on a
+    2-core VM with 32 MiB of L3, three steps per visit: slower at 256² float64 (0.5 MiB
+    fields), as fast at 512² float32, faster from 512² float64 (2 MiB fields) up
+    (docs/benchmarks.md).
     """
     if cache_bytes == "detect":
         cache_bytes = last_level_cache_bytes()
@@ -96,10 +101,10 @@ def auto_strip_rows(grid: Grid, cache_bytes: int | None | str = "detect") -> int
     if cache_bytes is None:
         if field < AUTO_MIN_FIELD_BYTES:
             return 0
-    elif PLAIN_WORKING_SET_FIELDS * field <= cache_bytes:
+    elif 2 * PLAIN_WORKING_SET_FIELDS * field <= cache_bytes:
         return 0
     target = max(16, AUTO_STRIP_BYTES // row_bytes)
-    rows = [m for m in range(8, min(target, ny // 2) + 1) if ny % m == 0]
+    rows = [m for m in range(min_rows, min(target, ny // 2) + 1) if ny % m == 0]
     return rows[-1] if rows else 0
 
 
@@ -115,17 +120,20 @@ def _exact_extent(spacing: float, n: int) -> float:
 
 
 class StripAux(eqx.Module):
-    """Fields a strip step reads besides the state, padded once per run."""
+    """Fields a strip step reads besides the state, padded once per run by ``pad`` rows
+    (at least the overlap of the steps that read them)."""
 
-    f_corner: jax.Array  # f at corner rows -OVERLAP .. ny + OVERLAP, shape (ny + 7, 1)
-    bottom: jax.Array | None  # (ny + 2·OVERLAP, nx + 2): rows padded by OVERLAP, columns by 1
-    wind: tuple[jax.Array, jax.Array] | None  # (ny + 2·OVERLAP, nx) each
+    f_corner: jax.Array  # f at corner rows -pad .. ny + pad, shape (ny + 2 pad + 1, 1)
+    bottom: jax.Array | None  # (ny + 2 pad, nx + 2): rows padded by pad, columns by 1
+    wind: tuple[jax.Array, jax.Array] | None  # (ny + 2 pad, nx) each
+    pad: int = eqx.field(static=True)
 
 
-def strip_aux(model: ShallowWater) -> StripAux:
+def strip_aux(model: ShallowWater, steps: int = 1) -> StripAux:
+    """What strips of ``steps`` steps per visit read besides the state."""
     g = model.grid
     ny = g.shape[0]
-    H = OVERLAP
+    H = OVERLAP * steps
     f_corner = model._coriolis_at_corner_rows(jnp.arange(-H, ny + H + 1))
     bottom = None
     if model.bottom is not None:
@@ -134,7 +142,7 @@ def strip_aux(model: ShallowWater) -> StripAux:
     wind = None
     if model.wind_stress is not None:
         wind = tuple(_pad_axis(w, g, 0, "centre", 1, H) for w in model.wind_stress)
-    return StripAux(f_corner=f_corner, bottom=bottom, wind=wind)
+    return StripAux(f_corner=f_corner, bottom=bottom, wind=wind, pad=H)
 
 
 def _with_rows(g: Grid, rows: int, periodic_y: bool | None = None) -> Grid:
@@ -150,16 +158,22 @@ def _with_rows(g: Grid, rows: int, periodic_y: bool | None = None) -> Grid:
     )
 
 
-def blocked_ssprk3_step(
-    model: ShallowWater, state: ShallowWaterState, t, dt, aux: StripAux, m: int
+def blocked_ssprk3_steps(
+    model: ShallowWater, state: ShallowWaterState, ts, dt, aux: StripAux, m: int
 ) -> ShallowWaterState:
-    """One SSP-RK3 step of ``model`` computed in strips of ``m`` rows (see module doc)."""
+    """``len(ts)`` SSP-RK3 steps of ``model``, the j-th from time ``ts[j]``, computed in
+    strips of ``m`` rows, each strip advanced through all the steps at one visit (see module
+    doc). ``m`` must be at least the overlap, three rows per step."""
     from ._model import ShallowWaterState
 
     g = model.grid
     ny, nx = g.shape
     K = ny // m
-    H = OVERLAP
+    S = len(ts)
+    H = OVERLAP * S
+    P = aux.pad
+    if not (S >= 1 and H <= min(m, P)):  # pragma: no cover - guarded by the callers
+        raise ValueError(f"{S} steps need strips and padding of at least {H} rows")
     bc = model._bc()
     names = ("h", "u", "v")
     walls_y = not g.periodic[0]
@@ -180,12 +194,12 @@ def blocked_ssprk3_step(
         sub = eqx.tree_at(lambda mm: mm.grid, model, sg)
         padded = {k: _pad_axis(Y[k], sg, 1, bc[k][0][1], bc[k][1][1], 1) for k in names}
         padded = lax.optimization_barrier(ShallowWaterState(**padded))
-        f_corner = lax.dynamic_slice_in_dim(aux.f_corner, r + 1 + H, rows_out + 1, 0)
+        f_corner = lax.dynamic_slice_in_dim(aux.f_corner, r + 1 + P, rows_out + 1, 0)
         bottom = None
         if aux.bottom is not None:
-            bottom = lax.dynamic_slice_in_dim(aux.bottom, r + H, rows_in, 0)
+            bottom = lax.dynamic_slice_in_dim(aux.bottom, r + P, rows_in, 0)
         if aux.wind is not None:
-            wind = tuple(lax.dynamic_slice_in_dim(w, r + 1 + H, rows_out, 0) for w in aux.wind)
+            wind = tuple(lax.dynamic_slice_in_dim(w, r + 1 + P, rows_out, 0) for w in aux.wind)
             sub = eqx.tree_at(lambda mm: mm.wind_stress, sub, wind)
         k = sub._tendency(padded, t_stage, bottom, f_corner=f_corner)
         k = {n: getattr(k, n) for n in names}
@@ -198,7 +212,7 @@ def blocked_ssprk3_step(
     def refill_walls(Y: dict, w: int, s) -> dict:
         """Ghost rows beyond the walls (the first ``w`` rows of the first strip, the last
         ``w`` of the last) from the stage state, as ``fill_halo`` fills them."""
-        if not walls_y:
+        if not walls_y or w == 0:
             return Y
         out = {}
         for k in names:
@@ -214,9 +228,9 @@ def blocked_ssprk3_step(
         return {k: a[c : a.shape[0] - c] for k, a in Y.items()}
 
     def one_strip(s, state, tails):
-        """Strip ``s`` advanced one step, from the state in which strips ``< s`` are already
-        advanced; ``tails`` holds the original last OVERLAP rows of strip ``s - 1``."""
-        r0 = s * m - H  # global row of the block's first row
+        """Strip ``s`` advanced ``S`` steps, from the state in which strips ``< s`` are
+        already advanced; ``tails`` holds the original last ``H`` rows of strip ``s - 1``."""
+        r = s * m - H  # global row of the block's first row
         rows = jnp.minimum(s * m + jnp.arange(m + H), ny - 1)
         Y0 = {}
         for k in names:
@@ -225,17 +239,23 @@ def blocked_ssprk3_step(
             body = jnp.take(state[k], rows, axis=0, mode="clip")
             body = body.at[m:].set(jnp.where(s == K - 1, high, body[m:]))
             Y0[k] = jnp.concatenate([head, body], axis=0)
-        k1 = tendency(Y0, r0, m + 2 * H, t)
-        Y1 = {k: dt * k1[k] + a for k, a in rows_of(Y0, 1).items()}
-        Y1 = refill_walls(Y1, H - 1, s)
-        k2 = tendency(Y1, r0 + 1, m + 2 * H - 2, t + dt)
-        W = {k: dt * k2[k] + a for k, a in rows_of(Y1, 1).items()}
-        Y2 = {k: a + 0.25 * (W[k] - a) for k, a in rows_of(Y0, 2).items()}
-        Y2 = refill_walls(Y2, H - 2, s)
-        k3 = tendency(Y2, r0 + 2, m + 2 * H - 4, t + 0.5 * dt)
-        W = {k: dt * k3[k] + a for k, a in rows_of(Y2, 1).items()}
-        new = {k: a + (2 / 3) * (W[k] - a) for k, a in rows_of(Y0, 3).items()}
-        return new, {k: Y0[k][m : m + H] for k in names}
+        tails = {k: Y0[k][m : m + H] for k in names}
+        Y, w = Y0, H  # the step's first stage state and its rows beyond the strip
+        for t in ts:
+            n = m + 2 * w
+            k1 = tendency(Y, r, n, t)
+            Y1 = {k: dt * k1[k] + a for k, a in rows_of(Y, 1).items()}
+            Y1 = refill_walls(Y1, w - 1, s)
+            k2 = tendency(Y1, r + 1, n - 2, t + dt)
+            W = {k: dt * k2[k] + a for k, a in rows_of(Y1, 1).items()}
+            Y2 = {k: a + 0.25 * (W[k] - a) for k, a in rows_of(Y, 2).items()}
+            Y2 = refill_walls(Y2, w - 2, s)
+            k3 = tendency(Y2, r + 2, n - 4, t + 0.5 * dt)
+            W = {k: dt * k3[k] + a for k, a in rows_of(Y2, 1).items()}
+            Y = {k: a + (2 / 3) * (W[k] - a) for k, a in rows_of(Y, 3).items()}
+            r, w = r + OVERLAP, w - OVERLAP
+            Y = refill_walls(Y, w, s)
+        return Y, tails
 
     def body(s, carry):
         state, tails = carry
@@ -249,3 +269,10 @@ def blocked_ssprk3_step(
     tails0 = {k: jnp.zeros_like(fields[k][:H]) for k in names}
     out, _ = lax.fori_loop(0, K, body, (fields, tails0))
     return ShallowWaterState(**out)
+
+
+def blocked_ssprk3_step(
+    model: ShallowWater, state: ShallowWaterState, t, dt, aux: StripAux, m: int
+) -> ShallowWaterState:
+    """One SSP-RK3 step of ``model`` computed in strips of ``m`` rows."""
+    return blocked_ssprk3_steps(model, state, (t,), dt, aux, m)

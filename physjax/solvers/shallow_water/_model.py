@@ -28,7 +28,14 @@ from ...grids import (
 )
 from ...parallel import decompose, shard, shard_map_fields
 from .._time_stepping import DAMPING_LIMITS, SCHEMES, advance, integrate, integrate_diffrax, scheme
-from ._blocked import auto_strip_rows, blocked_ssprk3_step, strip_aux
+from ._blocked import (
+    AUTO_STRIP_STEPS,
+    OVERLAP,
+    auto_strip_rows,
+    blocked_ssprk3_step,
+    blocked_ssprk3_steps,
+    strip_aux,
+)
 
 Field2D = Float[Array, "ny nx"]
 Boundary = Literal["free-slip", "no-slip"]
@@ -186,13 +193,20 @@ class ShallowWater(eqx.Module):
     - `scheme`: fixed-step time scheme, ``"ssprk3"`` (default) or ``"rk4"``.
     - `strip_rows`: cache blocking of the fixed-step SSP-RK3 update on one device: the grid
       is advanced ``strip_rows`` full rows at a time (each strip read with three rows of
-      overlap), so that a strip's intermediates stay in cache; the same arithmetic as the
-      unblocked step (bit-identical results when both are compiled). ``None`` (default):
-      automatic, on the CPU only, once the plain step's working set (13 field-sized buffers)
-      no longer fits in the last-level cache read from Linux's sysfs (with 32 MiB of L3, from
-      768² float64 or 1024² float32 up); where the cache size cannot be read, for fields of
-      4 MiB or more (768² float64, 1024² float32); ``0``: never; a divisor of ``ny`` of at
-      least 3: always (on one device; a run split over a mesh steps each block unblocked).
+      overlap per step), so that a strip's intermediates stay in cache; the same arithmetic
+      as the unblocked step. ``None`` (default): automatic, on the CPU only, once the plain
+      step's working set (13 field-sized buffers) outgrows half of the last-level cache read
+      from Linux's sysfs (with 32 MiB of L3, from 512² float64 or 768² float32 up); where the
+      cache size cannot be read, for fields of 2 MiB or more (512² float64, 768² float32);
+      ``0``: never; a divisor of ``ny`` of at least 3: always (on one device; a run split
+      over a mesh steps each block unblocked).
+    - `strip_steps`: steps advanced per visit of a strip (temporal blocking: a strip is read
+      with ``3 × strip_steps`` rows of overlap and the state is read and written once per
+      ``strip_steps`` steps). ``None`` (default): 3, or ``strip_rows // 3`` if that is
+      smaller; needs ``strip_rows >= 3 × strip_steps``. A run whose step count is not a
+      multiple takes the remaining steps one at a time. With one step per visit the result
+      is the plain step's to the last bit when both are compiled; with more, XLA may fuse
+      (and so contract multiply-adds) differently, and the two agree to round-off.
 
     The physical constants must be single finite real numbers and ``bottom``/``wind_stress``
     real, finite fields of the grid's shape (strings, complex and boolean values are refused);
@@ -213,6 +227,7 @@ class ShallowWater(eqx.Module):
     boundary: str = eqx.field(static=True)
     scheme: str = eqx.field(static=True)
     strip_rows: int | None = eqx.field(static=True)
+    strip_steps: int | None = eqx.field(static=True)
 
     def __init__(
         self,
@@ -229,6 +244,7 @@ class ShallowWater(eqx.Module):
         boundary: Boundary = "free-slip",
         scheme: str = "ssprk3",
         strip_rows: int | None = None,
+        strip_steps: int | None = None,
     ):
         if not isinstance(grid, Grid) or grid.ndim != 2:
             raise TypeError(f"grid must be a 2-D physjax.grids.Grid, got {grid!r}")
@@ -249,6 +265,25 @@ class ShallowWater(eqx.Module):
                 )
             if strip_rows and scheme != "ssprk3":
                 raise ValueError(f"strip_rows needs scheme='ssprk3', got scheme={scheme!r}")
+        if strip_steps is not None:
+            if (
+                isinstance(strip_steps, bool)
+                or not isinstance(strip_steps, (int, np.integer))
+                or strip_steps < 1
+            ):
+                raise ValueError(
+                    f"strip_steps must be None or an integer >= 1, got {strip_steps!r}"
+                )
+            strip_steps = int(strip_steps)
+            if scheme != "ssprk3":
+                raise ValueError(f"strip_steps needs scheme='ssprk3', got scheme={scheme!r}")
+            if strip_rows == 0:
+                raise ValueError(f"strip_steps={strip_steps} needs strips, got strip_rows=0")
+            if strip_rows and strip_rows < OVERLAP * strip_steps:
+                raise ValueError(
+                    f"strip_rows={strip_rows} is too few for strip_steps={strip_steps}: a strip "
+                    f"needs at least {OVERLAP} rows per step ({OVERLAP * strip_steps})"
+                )
         for axis, name in enumerate(("y", "x")):
             if not grid.periodic[axis] and grid.shape[axis] < _MIN_WALLED:
                 raise ValueError(
@@ -296,6 +331,7 @@ class ShallowWater(eqx.Module):
         self.boundary = boundary
         self.scheme = scheme
         self.strip_rows = strip_rows
+        self.strip_steps = strip_steps
 
     # ---------------------------------------------------------------- set-up
     def initial_state(
@@ -475,7 +511,7 @@ class ShallowWater(eqx.Module):
         # Not the values: that would cost a transfer from the device at every step.
         self._check_state(state, values=False)
         _check_time("dt", dt, positive=True)
-        return _stepper(self)(state, t, dt)
+        return _stepper(self)[0](state, t, dt)
 
     # -------------------------------------------------------------- diagnostics
     def mass(self, state: ShallowWaterState) -> Array:
@@ -811,33 +847,49 @@ def _with_grid(model: ShallowWater, grid: Grid) -> ShallowWater:
     return eqx.tree_at(lambda m: m.grid, model, grid)
 
 
-def _strip_rows(model: ShallowWater) -> int:
-    """Rows per strip of the blocked step for this (local) grid, 0 for the plain step."""
+def _strip_plan(model: ShallowWater) -> tuple[int, int]:
+    """Rows per strip (0 for the plain step) and steps per visit of the blocked step for
+    this (local) grid."""
     g = model.grid
     if model.scheme != "ssprk3" or any(b > 1 for b in g.mesh_shape) or model.strip_rows == 0:
-        return 0
+        return 0, 1
     if model.strip_rows is not None:
-        return model.strip_rows
+        m = model.strip_rows
+        return m, model.strip_steps or min(AUTO_STRIP_STEPS, m // OVERLAP)
     if jax.default_backend() != "cpu":
-        return 0
-    return auto_strip_rows(g)
+        return 0, 1
+    steps = model.strip_steps or AUTO_STRIP_STEPS
+    m = auto_strip_rows(g, min_rows=OVERLAP * steps)
+    return m, steps if m else 1
+
+
+def _strip_rows(model: ShallowWater) -> int:
+    """Rows per strip of the blocked step for this (local) grid, 0 for the plain step."""
+    return _strip_plan(model)[0]
 
 
 def _stepper(model: ShallowWater):
-    """``step(y, t, dt)`` of the fixed-step scheme, with what it reads padded once."""
-    m = _strip_rows(model)
+    """``step(y, t, dt)`` of the fixed-step scheme, with what it reads padded once, and
+    ``None`` or ``(S, step_S)`` taking ``S`` steps at once (``advance``'s ``block``)."""
+    m, steps = _strip_plan(model)
     if m:
-        aux = strip_aux(model)
-        return lambda y, t, dt: blocked_ssprk3_step(model, y, t, dt, aux, m)
+        aux = strip_aux(model, steps)
+
+        def step_S(y, ts, dt):
+            return blocked_ssprk3_steps(model, y, ts, dt, aux, m)
+
+        block = (steps, step_S) if steps > 1 else None
+        return (lambda y, t, dt: blocked_ssprk3_step(model, y, t, dt, aux, m)), block
     bottom = model._padded_bottom()
-    return lambda y, t, dt: model._step(y, t, dt, bottom)
+    return (lambda y, t, dt: model._step(y, t, dt, bottom)), None
 
 
 @eqx.filter_jit
 def _advance(model, state, t0, dt, n_steps, mesh):
     def body(grid, model, state, t0, dt):
         model = _with_grid(model, grid)
-        return advance(_stepper(model), state, t0, dt, n_steps)
+        step, block = _stepper(model)
+        return advance(step, state, t0, dt, n_steps, block)
 
     return shard_map_fields(body, model.grid, mesh)(model, state, t0, dt)
 
@@ -846,6 +898,7 @@ def _advance(model, state, t0, dt, n_steps, mesh):
 def _run_frames(model, state, t0, dt, n_frames, save_every, mesh):
     def body(grid, model, state, t0, dt):
         model = _with_grid(model, grid)
-        return integrate(_stepper(model), state, t0, dt, n_frames, save_every)
+        step, block = _stepper(model)
+        return integrate(step, state, t0, dt, n_frames, save_every, block=block)
 
     return shard_map_fields(body, model.grid, mesh)(model, state, t0, dt)
