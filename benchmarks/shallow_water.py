@@ -2,7 +2,8 @@
 
 Prints, for each grid size and precision: steps/s and cell-updates/s of physjax (its default
 step: on the CPU, once the fields outgrow the cache, cache-blocked strips of rows, each
-advanced three steps per visit) and of NumPy, the speed-up, the cost per cell-update, the
+advanced three steps per visit) and of NumPy, the speed-up, the cost per cell-update (also
+measured with the sizes interleaved, so that the VM's drifts weigh on all sizes alike), the
 costs of physjax's plain (unblocked) step and of strips advanced one step per visit, timed
 in the same run, the strip height used, the number of XLA fusions per RK3 step of the plain
 step, and the fraction of the machine's memory bandwidth reached (minimum traffic: the three
@@ -151,6 +152,32 @@ def bench_physjax(n, dtype, steps, repeats=3):
     return t_default, t, auto, candidates.get("blocked", (0,))[0], fusions
 
 
+def flatness(sizes, dtypes, rounds=8, seconds=0.7):
+    """Cost per cell-update of the default step at every size, the sizes interleaved: each
+    of ``rounds`` rounds times every size for ``seconds``, so that the VM's slow drifts
+    weigh on all sizes alike. Returns ``{dtype: {n: (best, median)}}`` in ns."""
+    fns = {}
+    for dtype in dtypes:
+        for n in sizes:
+            model, state, dt = make(n, dtype)
+            steps = max(12, int(4e7 / n**2) // 12 * 12)
+            fn = jax.jit(lambda s, m=model, dt=dt, k=steps: m.advance(s, t0=0.0, dt=dt, n_steps=k))
+            jax.block_until_ready(fn(state))
+            fns[dtype, n] = (fn, state, steps)
+    ns = {key: [] for key in fns}
+    for _ in range(rounds):
+        for key, (fn, state, steps) in fns.items():
+            calls, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < seconds:
+                jax.block_until_ready(fn(state))
+                calls += 1
+            ns[key].append((time.perf_counter() - t0) / calls / steps / key[1] ** 2 * 1e9)
+    out = {}
+    for (dtype, n), v in ns.items():
+        out.setdefault(dtype, {})[n] = (float(min(v)), float(np.median(v)))
+    return out
+
+
 def bench_numpy(n, dtype, min_steps=2):
     model, state, dt = make(n, dtype)
     h, u, v = (np.asarray(a) for a in (state.h, state.u, state.v))
@@ -248,6 +275,12 @@ def main(argv=None):
                 f"{100 * frac:>5.1f}%",
                 flush=True,
             )
+    flat = flatness(args.sizes, args.dtypes)
+    print("\ncost per cell-update of the default step, sizes interleaved (ns, best / median):")
+    for dtype, by_n in flat.items():
+        medians = [m for _, m in by_n.values()]
+        cells = "  ".join(f"{n}²: {b:.2f} / {m:.2f}" for n, (b, m) in by_n.items())
+        print(f"{dtype:>8}  {cells}  max/min of medians {max(medians) / min(medians):.2f}")
     os.makedirs(os.path.dirname(args.output), exist_ok=True)
     with open(args.output, "w") as f:
         json.dump(
@@ -260,6 +293,10 @@ def main(argv=None):
                 "last_level_cache_bytes": llc,
                 "bandwidth": bw,
                 "rows": rows,
+                "flatness_ns_best_median": {
+                    dtype: {str(n): list(v) for n, v in by_n.items()}
+                    for dtype, by_n in flat.items()
+                },
             },
             f,
             indent=1,

@@ -373,8 +373,8 @@ def test_solve_diffrax_keeps_a_float32_model_in_float32():
 # ----------------------------------------------------------------------- 14. the docstring
 def test_strip_rows_docstring_describes_the_cache_rule():
     doc = " ".join(ShallowWater.__doc__.split())
-    assert "outgrows half of the last-level cache" in doc
-    assert "for fields of 2 MiB or more (512² float64, 768² float32)" in doc
+    assert "no longer fits in the last-level cache" in doc
+    assert "for fields of 4 MiB or more (768² float64, 1024² float32)" in doc
     assert "(e.g. 1024² float32 or float64)" not in doc
 
 

@@ -197,10 +197,8 @@ def test_automatic_strip_rows():
         return auto_strip_rows(g, cache_bytes=cache, min_rows=min_rows)
 
     for cache in (None, 32 * 2**20):  # cache size unknown, or a 32 MiB L3
-        assert auto(grid(256, "float64"), cache) == 0  # 0.5 MiB fields: plain step
-        assert auto(grid(512, "float32"), cache) == 0  # 1 MiB fields: plain step
-        assert auto(grid(512, "float64"), cache) == 256  # 2 MiB: 1 MiB per strip field
-        assert auto(grid(1024, "float32"), cache) == 256
+        assert auto(grid(512, "float64"), cache) == 0  # 2 MiB fields: plain step
+        assert auto(grid(1024, "float32"), cache) == 256  # 4 MiB: 1 MiB per strip field
         assert auto(grid(768, "float64"), cache) == 128
         assert auto(grid(1024, "float64"), cache) == 128
         assert auto(grid(2048, "float64"), cache) == 64
@@ -208,11 +206,10 @@ def test_automatic_strip_rows():
         assert auto(Grid((1031, 1024), (1.0, 1.0), dtype="float64"), cache) == 0  # prime ny
         m = auto(Grid((1536, 1024), (1.0, 1.0), dtype="float64"), cache)
         assert m and 1536 % m == 0 and m <= 128
-    # 300 MiB of L3: the plain step's 13 fields fill less than half of it up to 1024²
-    # float64 (8 MiB fields)
+    # 300 MiB of L3: the plain step's 13 fields fit up to 1024² float64 and 2048² float32
     big = 300 * 2**20
     assert auto(grid(1024, "float64"), big) == 0
-    assert auto(grid(2048, "float32"), big) == 128
+    assert auto(grid(2048, "float32"), big) == 0
     assert auto(grid(2048, "float64"), big) == 64
     # a 1 MiB cache: 256² float64 (0.5 MiB fields) already blocks, in two strips
     assert auto(grid(256, "float64"), 2**20) == 128

@@ -41,10 +41,10 @@ if TYPE_CHECKING:
 OVERLAP = 3
 #: Fields at least this large (bytes) are advanced in strips on the CPU by default when the
 #: size of the last-level cache cannot be read.
-AUTO_MIN_FIELD_BYTES = 2 * 2**20
+AUTO_MIN_FIELD_BYTES = 4 * 2**20
 #: Field-sized buffers the plain step keeps live (3 in, 3 out, 7 temporaries: XLA's memory
-#: analysis of a compiled step). Strips pay off once these outgrow half of the last-level
-#: cache (measured with three steps per visit: docs/benchmarks.md).
+#: analysis of a compiled step). Strips pay off once these no longer fit in the last-level
+#: cache.
 PLAIN_WORKING_SET_FIELDS = 13
 #: Target size (bytes) of one field of one strip, chosen so that the dozen intermediates
 #: of a stage fit in a few MiB of cache (measured best with three steps per visit:
@@ -87,11 +87,12 @@ def auto_strip_rows(grid: Grid, cache_bytes: int | None | str = "detect", min_ro
     """Rows per strip chosen for ``grid`` on the CPU (0: do not block), at least ``min_rows``.
 
     Strips pay off once the plain step's working set (``PLAIN_WORKING_SET_FIELDS`` fields)
-    outgrows half of the last-level cache of ``cache_bytes`` (default: read from the
-    machine; if it cannot be read, from fields of ``AUTO_MIN_FIELD_BYTES`` up). Measured on a
-    2-core VM with 32 MiB of L3, three steps per visit: slower at 256² float64 (0.5 MiB
-    fields), as fast at 512² float32, faster from 512² float64 (2 MiB fields) up
-    (docs/benchmarks.md).
+    outgrows the last-level cache of ``cache_bytes`` (default: read from the machine; if it
+    cannot be read, from fields of ``AUTO_MIN_FIELD_BYTES`` up). Measured: on a 2-core VM
+    with 32 MiB of L3, three steps per visit, slower at 256² float64 (0.5 MiB fields), as
+    fast at 512² (float32 and float64), faster from 1024² up (one step per visit: faster from
+    768² float64 up); on a 2-core VM with 300 MiB of L3, one step per visit, slower up to
+    1024² float64 and 2048² float32, faster at 2048² float64 (docs/benchmarks.md).
     """
     if cache_bytes == "detect":
         cache_bytes = last_level_cache_bytes()
@@ -101,7 +102,7 @@ def auto_strip_rows(grid: Grid, cache_bytes: int | None | str = "detect", min_ro
     if cache_bytes is None:
         if field < AUTO_MIN_FIELD_BYTES:
             return 0
-    elif 2 * PLAIN_WORKING_SET_FIELDS * field <= cache_bytes:
+    elif PLAIN_WORKING_SET_FIELDS * field <= cache_bytes:
         return 0
     target = max(16, AUTO_STRIP_BYTES // row_bytes)
     rows = [m for m in range(min_rows, min(target, ny // 2) + 1) if ny % m == 0]

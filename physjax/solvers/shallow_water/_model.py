@@ -195,9 +195,9 @@ class ShallowWater(eqx.Module):
       is advanced ``strip_rows`` full rows at a time (each strip read with three rows of
       overlap per step), so that a strip's intermediates stay in cache; the same arithmetic
       as the unblocked step. ``None`` (default): automatic, on the CPU only, once the plain
-      step's working set (13 field-sized buffers) outgrows half of the last-level cache read
-      from Linux's sysfs (with 32 MiB of L3, from 512² float64 or 768² float32 up); where the
-      cache size cannot be read, for fields of 2 MiB or more (512² float64, 768² float32);
+      step's working set (13 field-sized buffers) no longer fits in the last-level cache read
+      from Linux's sysfs (with 32 MiB of L3, from 768² float64 or 1024² float32 up); where
+      the cache size cannot be read, for fields of 4 MiB or more (768² float64, 1024² float32);
       ``0``: never; a divisor of ``ny`` of at least 3: always (on one device; a run split
       over a mesh steps each block unblocked).
     - `strip_steps`: steps advanced per visit of a strip (temporal blocking: a strip is read
