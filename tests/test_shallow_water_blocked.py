@@ -297,3 +297,34 @@ def test_automatic_strips_choose_rows_that_hold_the_steps(monkeypatch):
     assert _strip_plan(ShallowWater(g)) == (10, 3)
     assert _strip_plan(ShallowWater(Grid((16, 4096), (1.0, 1.0)))) == (0, 1)  # 8 < 9
     assert _strip_plan(ShallowWater(Grid((16, 4096), (1.0, 1.0)), strip_steps=2)) == (8, 2)
+
+
+@pytest.mark.parametrize("n_steps", [1, 2, 3, 7, 9])
+def test_advance_in_blocks_uses_each_steps_time(n_steps):
+    """``advance(..., block=(S, step_S))`` gives ``step_S`` the times of its S steps and
+    takes the rest one at a time: forward Euler for y' = cos t, where every step's time
+    matters, equals the plain loop; ``integrate`` passes the block on to every frame."""
+    from physjax.solvers import advance, integrate
+
+    def step(y, t, dt):
+        return y + dt * jnp.cos(t)
+
+    calls = []
+
+    def step_3(y, ts, dt):
+        calls.append(len(ts))
+        for t in ts:
+            y = step(y, t, dt)
+        return y
+
+    y0, t0, dt = jnp.float64(0.5), 0.25, 0.1
+    ref = y0
+    for k in range(n_steps):
+        ref = ref + dt * np.cos(t0 + k * dt)
+    out = advance(step, y0, t0, dt, n_steps, block=(3, step_3))
+    assert abs(float(out) - ref) <= 1e-15
+    assert calls == ([3] if n_steps >= 3 else [])  # traced once inside the scan
+    frames = integrate(step, y0, t0, dt, 3, n_steps, block=(3, step_3))
+    plain = integrate(step, y0, t0, dt, 3, n_steps)
+    np.testing.assert_allclose(np.asarray(frames), np.asarray(plain), rtol=0, atol=1e-15)
+    assert abs(float(frames[0]) - ref) <= 1e-15
