@@ -9,7 +9,9 @@ small block (temporal blocking: ``3 S`` rows of overlap), and only the ``m`` fin
 kept. The strips are visited by ``lax.fori_loop``, so one strip's intermediates are reused
 from cache by the next strip's kernels instead of being written to memory, and the state
 itself is read and written once per ``S`` steps. The arithmetic is the unblocked step's,
-operation for operation: compiled, the result is the same to the last bit
+operation for operation: compiled, one step per visit gives the same result to the last
+bit; with several, XLA fuses the longer chain differently (and so contracts some
+multiply-adds differently) and the results agree to round-off
 (tests/test_shallow_water_blocked.py).
 
 Walls across the strips (a channel's north and south walls) are honoured by refilling the
