@@ -81,14 +81,16 @@ def test_strips_equal_plain_step_bit_for_bit(periodic, m, kw, check_step):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-13, atol=1e-15)
 
 
-@pytest.mark.parametrize("periodic, m, kw, check_step", CASES)
+def _rows(case):
+    return (case.values if hasattr(case, "values") else case)[1]
+
+
+@pytest.mark.parametrize("periodic, m, kw, check_step", [c for c in CASES if _rows(c) >= 6])
 def test_strips_of_several_steps_equal_plain_steps(periodic, m, kw, check_step):
     """Several steps per visit of a strip (``3 S`` rows of overlap, walls refilled between
     the steps): the plain steps' result to round-off, with frames of 10 steps = blocks of
     ``S`` steps and single steps for the rest."""
     steps = min(3, m // 3)
-    if steps < 2:
-        pytest.skip(f"strips of {m} rows hold one step")
     from physjax.solvers.shallow_water._model import _strip_plan
 
     plain, s, dt = _setup(periodic, **kw)
