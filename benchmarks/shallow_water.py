@@ -152,29 +152,37 @@ def bench_physjax(n, dtype, steps, repeats=3):
     return t_default, t, auto, candidates.get("blocked", (0,))[0], fusions
 
 
-def flatness(sizes, dtypes, rounds=8, seconds=0.7):
-    """Cost per cell-update of the default step at every size, the sizes interleaved: each
-    of ``rounds`` rounds times every size for ``seconds``, so that the VM's slow drifts
-    weigh on all sizes alike. Returns ``{dtype: {n: (best, median)}}`` in ns."""
-    fns = {}
-    for dtype in dtypes:
-        for n in sizes:
-            model, state, dt = make(n, dtype)
-            steps = max(12, int(4e7 / n**2) // 12 * 12)
-            fn = jax.jit(lambda s, m=model, dt=dt, k=steps: m.advance(s, t0=0.0, dt=dt, n_steps=k))
-            jax.block_until_ready(fn(state))
-            fns[dtype, n] = (fn, state, steps)
+def interleaved(fns: dict, rounds: int = 8, seconds: float = 0.7) -> dict:
+    """ns per cell-update of each ``(fn, state, steps, n)`` in ``fns``, timed in turn for
+    ``seconds`` in each of ``rounds`` rounds, so that the VM's slow drifts weigh on all of
+    them alike: ``{key: (best, median)}``."""
     ns = {key: [] for key in fns}
     for _ in range(rounds):
-        for key, (fn, state, steps) in fns.items():
+        for key, (fn, state, steps, n) in fns.items():
             calls, t0 = 0, time.perf_counter()
             while time.perf_counter() - t0 < seconds:
                 jax.block_until_ready(fn(state))
                 calls += 1
-            ns[key].append((time.perf_counter() - t0) / calls / steps / key[1] ** 2 * 1e9)
+            ns[key].append((time.perf_counter() - t0) / calls / steps / n**2 * 1e9)
+    return {key: (float(min(v)), float(np.median(v))) for key, v in ns.items()}
+
+
+def compiled_advance(n, dtype, strip_rows=None, strip_steps=None):
+    """``(fn, state, steps, n)`` for ``interleaved``: a compiled, warmed ``advance``."""
+    model, state, dt = make(n, dtype, strip_rows, strip_steps)
+    steps = max(12, int(4e7 / n**2) // 12 * 12)
+    fn = jax.jit(lambda s: model.advance(s, t0=0.0, dt=dt, n_steps=steps))
+    jax.block_until_ready(fn(state))
+    return fn, state, steps, n
+
+
+def flatness(sizes, dtypes, rounds=8, seconds=0.7):
+    """Cost per cell-update of the default step at every size, the sizes interleaved.
+    Returns ``{dtype: {n: (best, median)}}`` in ns."""
+    fns = {(dtype, n): compiled_advance(n, dtype) for dtype in dtypes for n in sizes}
     out = {}
-    for (dtype, n), v in ns.items():
-        out.setdefault(dtype, {})[n] = (float(min(v)), float(np.median(v)))
+    for (dtype, n), v in interleaved(fns, rounds, seconds).items():
+        out.setdefault(dtype, {})[n] = v
     return out
 
 

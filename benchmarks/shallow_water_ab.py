@@ -14,13 +14,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
-
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from shallow_water import jax, make  # noqa: E402  (tunes the allocator, enables x64)
+# importing it tunes the allocator and enables x64
+from shallow_water import compiled_advance, interleaved  # noqa: E402
 
 
 def main(argv=None):
@@ -32,24 +30,11 @@ def main(argv=None):
     fns = {}
     for v in args.variants:
         n, dtype, rows, steps = v.split(":")
-        n = int(n)
         rows = None if rows == "auto" else int(rows)
         steps = None if steps == "auto" else int(steps)
-        model, state, dt = make(n, dtype, rows, steps)
-        k = max(12, int(4e7 / n**2) // 12 * 12)
-        fn = jax.jit(lambda s, m=model, dt=dt, k=k: m.advance(s, t0=0.0, dt=dt, n_steps=k))
-        jax.block_until_ready(fn(state))
-        fns[v] = (fn, state, k, n)
-    ns = {v: [] for v in fns}
-    for _ in range(args.rounds):
-        for v, (fn, state, k, n) in fns.items():
-            calls, t0 = 0, time.perf_counter()
-            while time.perf_counter() - t0 < args.seconds:
-                jax.block_until_ready(fn(state))
-                calls += 1
-            ns[v].append((time.perf_counter() - t0) / calls / k / n**2 * 1e9)
-    for v, t in ns.items():
-        print(f"{v:>24}  best {min(t):6.2f}  median {np.median(t):6.2f} ns per cell-update")
+        fns[v] = compiled_advance(int(n), dtype, rows, steps)
+    for v, (best, median) in interleaved(fns, args.rounds, args.seconds).items():
+        print(f"{v:>24}  best {best:6.2f}  median {median:6.2f} ns per cell-update")
 
 
 if __name__ == "__main__":
