@@ -30,6 +30,21 @@ def test_grid_geometry():
     assert g.cell_volume == 0.5
 
 
+def test_sub_grid_keeps_the_parents_spacing():
+    """A grid of another row count can carry its parent's dy exactly (strips of rows need
+    it, and 6e5 / 42 * 48 / 48 is not 6e5 / 42); decomposing keeps it; a wrong one is
+    refused."""
+    g = Grid((42, 20), (6.0e5, 2.0e5))
+    dy = g.spacing[0]
+    sub = Grid((48, 20), (dy * 48, 2.0e5), _spacing=g.spacing)
+    assert (dy * 48) / 48 != dy  # the extent alone would not give it back
+    assert sub.spacing == g.spacing
+    assert sub.on_mesh(("y", None), (2, 1)).spacing == g.spacing
+    assert sub.on_mesh(("y", None), (2, 1)).unsharded().spacing == g.spacing
+    with pytest.raises(ValueError, match="_spacing"):
+        Grid((48, 20), (dy * 48, 2.0e5), _spacing=(2 * dy, g.spacing[1]))
+
+
 @pytest.mark.parametrize(
     "kwargs, match",
     [

@@ -104,6 +104,24 @@ def test_strips_of_several_steps_equal_plain_steps(periodic, m, kw, check_step):
         assert np.max(np.abs(x - y)) <= 1e-12 * np.max(np.abs(x))
     assert float(jnp.max(jnp.abs(a.h[-1] - s.h))) > 1e-3
 
+@pytest.mark.parametrize("ny, Ly, m", [(42, 6.0e5, 6), (45, 3.0e5, 9)])
+def test_strips_keep_the_spacing_of_any_grid(ny, Ly, m):
+    """A strip's grid keeps the parent's dy to the last bit even when no domain length
+    divides back to it for the strip's row count (these grids used to fail there)."""
+    g = Grid((ny, 20), (Ly, 2.0e5), periodic=True, dtype="float64")
+    rng = np.random.default_rng(3)
+    plain = ShallowWater(g, strip_rows=0, beta=1e-11)
+    s = plain.initial_state(1000 + rng.standard_normal((ny, 20)), 0.3 * rng.random((ny, 20)))
+    dt = 0.5 * plain.max_stable_dt(s)
+    a = plain.run(s, dt=dt, n_steps=6, save_every=6).states
+    for steps in (1, m // 3):
+        b = dataclasses.replace(plain, strip_rows=m, strip_steps=steps)
+        b = b.run(s, dt=dt, n_steps=6, save_every=6).states
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+            x, y = np.asarray(x), np.asarray(y)
+            assert np.max(np.abs(x - y)) <= 1e-12 * np.max(np.abs(x))
+
+
 
 def test_strips_float32_and_mass():
     plain, s, dt = _setup((False, True), dtype="float32", **FULL)

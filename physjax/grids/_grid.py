@@ -82,6 +82,7 @@ class Grid(eqx.Module):
     halo: int = eqx.field(static=True)
     mesh_axes: tuple[str | None, ...] = eqx.field(static=True)
     mesh_shape: tuple[int, ...] = eqx.field(static=True)
+    _spacing: tuple[float, ...] = eqx.field(static=True)
 
     def __init__(
         self,
@@ -93,6 +94,8 @@ class Grid(eqx.Module):
         halo: int = 1,
         mesh_axes: Sequence[str | None] | None = None,
         mesh_shape: Sequence[int] | None = None,
+        *,
+        _spacing: Sequence[float] | None = None,
     ):
         shape = _as_tuple("shape", shape, "sizes (ny, nx) or (nz, ny, nx)")
         extent = _as_tuple("extent", extent, "domain lengths [m], one per axis")
@@ -165,6 +168,17 @@ class Grid(eqx.Module):
         self.halo = halo
         self.mesh_axes = (None,) * ndim if mesh_axes is None else tuple(mesh_axes)
         self.mesh_shape = (1,) * ndim if mesh_shape is None else tuple(int(m) for m in mesh_shape)
+        spacing = tuple(length / n for length, n in zip(self.extent, self.shape))
+        if _spacing is not None:
+            # A sub-grid (a strip of rows of a larger grid) keeps its parent's cell size to
+            # the last bit; no extent need divide back to it exactly for every row count.
+            _spacing = tuple(float(d) for d in _spacing)
+            if len(_spacing) != ndim or not all(
+                math.isclose(d, e, rel_tol=1e-12) for d, e in zip(_spacing, spacing)
+            ):
+                raise ValueError(f"_spacing {_spacing} does not match extent/shape {spacing}")
+            spacing = _spacing
+        self._spacing = spacing
 
     # ------------------------------------------------------------------ geometry
     @property
@@ -179,7 +193,7 @@ class Grid(eqx.Module):
     @property
     def spacing(self) -> tuple[float, ...]:
         """Cell size per axis, ``(dy, dx)`` or ``(dz, dy, dx)``."""
-        return tuple(length / n for length, n in zip(self.extent, self.shape))
+        return self._spacing
 
     @property
     def dx(self) -> float:
@@ -268,10 +282,19 @@ class Grid(eqx.Module):
             self.halo,
             mesh_axes,
             mesh_shape,
+            _spacing=self._spacing,
         )
 
     def unsharded(self) -> Grid:
-        return Grid(self.shape, self.extent, self.periodic, self.origin, self.dtype, self.halo)
+        return Grid(
+            self.shape,
+            self.extent,
+            self.periodic,
+            self.origin,
+            self.dtype,
+            self.halo,
+            _spacing=self._spacing,
+        )
 
     def block_index(self, axis: int) -> jax.Array | int:
         """Index of this device's block along array ``axis`` (0 when the axis is not split).

@@ -52,7 +52,9 @@ class PoissonSolution(eqx.Module):
 
 def _internal_grid(grid: Grid) -> Grid:
     """The same geometry with a halo of 1 (what the solvers use) and no decomposition."""
-    return Grid(grid.shape, grid.extent, grid.periodic, grid.origin, grid.dtype, 1)
+    return Grid(
+        grid.shape, grid.extent, grid.periodic, grid.origin, grid.dtype, 1, _spacing=grid.spacing
+    )
 
 
 class PoissonSolver(eqx.Module):

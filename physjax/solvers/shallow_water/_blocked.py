@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import glob
-import math
 import os
 from typing import TYPE_CHECKING
 
@@ -111,17 +110,6 @@ def auto_strip_rows(grid: Grid, cache_bytes: int | None | str = "detect", min_ro
     return rows[-1] if rows else 0
 
 
-def _exact_extent(spacing: float, n: int) -> float:
-    """An extent whose n-th part is ``spacing`` to the last bit (so that a strip's grid
-    has the parent grid's spacing exactly)."""
-    extent = spacing * n
-    for _ in range(64):
-        if extent / n == spacing:
-            return extent
-        extent = math.nextafter(extent, math.inf if extent / n < spacing else -math.inf)
-    raise AssertionError("no extent reproduces the grid spacing")  # pragma: no cover
-
-
 class StripAux(eqx.Module):
     """Fields a strip step reads besides the state, padded once per run by ``pad`` rows
     (at least the overlap of the steps that read them)."""
@@ -154,10 +142,11 @@ def _with_rows(g: Grid, rows: int, periodic_y: bool | None = None) -> Grid:
     py = g.periodic[0] if periodic_y is None else periodic_y
     return Grid(
         (rows, g.shape[1]),
-        (_exact_extent(g.spacing[0], rows), g.extent[1]),
+        (g.spacing[0] * rows, g.extent[1]),
         periodic=(py, g.periodic[1]),
         origin=g.origin,
         dtype=g.dtype,
+        _spacing=g.spacing,
     )
 
 
