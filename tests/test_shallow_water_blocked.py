@@ -104,6 +104,7 @@ def test_strips_of_several_steps_equal_plain_steps(periodic, m, kw, check_step):
         assert np.max(np.abs(x - y)) <= 1e-12 * np.max(np.abs(x))
     assert float(jnp.max(jnp.abs(a.h[-1] - s.h))) > 1e-3
 
+
 @pytest.mark.parametrize("ny, Ly, m", [(42, 6.0e5, 6), (45, 3.0e5, 9)])
 def test_strips_keep_the_spacing_of_any_grid(ny, Ly, m):
     """A strip's grid keeps the parent's dy to the last bit even when no domain length
@@ -120,7 +121,6 @@ def test_strips_keep_the_spacing_of_any_grid(ny, Ly, m):
         for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
             x, y = np.asarray(x), np.asarray(y)
             assert np.max(np.abs(x - y)) <= 1e-12 * np.max(np.abs(x))
-
 
 
 def test_strips_float32_and_mass():
