@@ -105,6 +105,36 @@ def test_strips_of_several_steps_equal_plain_steps(periodic, m, kw, check_step):
     assert float(jnp.max(jnp.abs(a.h[-1] - s.h))) > 1e-3
 
 
+# strips of m rows that do not divide NY = 48: the first strip takes the rest (r rows, or
+# r + m when r is under the 3 S rows of overlap, the whole grid when nothing is left)
+UNEVEN = [
+    (True, 10, FULL),  # r = 8: a first strip of 8 rows (S = 1) or 18 (S = 3)
+    ((False, True), 20, dict(FULL, boundary="no-slip")),  # r = 8: 8 or 28 rows, one loop strip
+    (False, 30, FULL),  # r = 18 (walls all round)
+    ((False, True), 45, dict(FULL, boundary="no-slip")),  # r = 3: 3 rows or the whole grid
+    pytest.param(False, 40, FULL, marks=pytest.mark.slow),  # r = 8: 8 rows or the whole grid
+    pytest.param((True, False), 13, FULL, marks=pytest.mark.slow),  # r = 9, walls along
+]
+
+
+@pytest.mark.parametrize("periodic, m, kw", UNEVEN)
+def test_strips_that_do_not_divide_the_grid_equal_plain_steps(periodic, m, kw):
+    """Strips of rows that do not divide ny: one step per visit gives the plain step's
+    result to the last bit, several (3) agree to round-off."""
+    plain, s, dt = _setup(periodic, **kw)
+    a = plain.run(s, dt=dt, n_steps=12, save_every=6).states
+    assert float(jnp.max(jnp.abs(a.h[-1] - s.h))) > 1e-3
+    for steps in (1, 3):
+        blocked = dataclasses.replace(plain, strip_rows=m, strip_steps=steps)
+        b = blocked.run(s, dt=dt, n_steps=12, save_every=6).states
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+            x, y = np.asarray(x), np.asarray(y)
+            if steps == 1:
+                np.testing.assert_array_equal(x, y)
+            else:
+                assert np.max(np.abs(x - y)) <= 1e-12 * np.max(np.abs(x))
+
+
 @pytest.mark.parametrize("ny, Ly, m", [(42, 6.0e5, 6), (45, 3.0e5, 9)])
 def test_strips_keep_the_spacing_of_any_grid(ny, Ly, m):
     """A strip's grid keeps the parent's dy to the last bit even when no domain length
@@ -218,7 +248,8 @@ def test_automatic_strip_rows():
         assert auto(grid(1024, "float64"), cache) == 128
         assert auto(grid(2048, "float64"), cache) == 64
         assert auto(grid(2048, "float32"), cache) == 128
-        assert auto(Grid((1031, 1024), (1.0, 1.0), dtype="float64"), cache) == 0  # prime ny
+        # a prime ny: 128 rows, the first strip taking the 7 left over
+        assert auto(Grid((1031, 1024), (1.0, 1.0), dtype="float64"), cache) == 128
         m = auto(Grid((1536, 1024), (1.0, 1.0), dtype="float64"), cache)
         assert m and 1536 % m == 0 and m <= 128
     # 300 MiB of L3: the plain step's 13 fields fit up to 1024² float64 and 2048² float32
@@ -266,9 +297,9 @@ def test_last_level_cache_from_sysfs(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "strip_rows, scheme, match",
     [
-        (-1, "ssprk3", "divisor of ny=48 that is at least 3"),
-        (5, "ssprk3", "divisor of ny=48 that is at least 3"),
-        (2, "ssprk3", "divisor of ny=48 that is at least 3"),
+        (-1, "ssprk3", "from 3 .* to ny=48, got -1"),
+        (49, "ssprk3", "from 3 .* to ny=48, got 49"),
+        (2, "ssprk3", "from 3 .* to ny=48, got 2"),
         (True, "ssprk3", "strip_rows must be None, 0 or a positive integer"),
         (2.5, "ssprk3", "strip_rows must be None, 0 or a positive integer"),
         (8, "rk4", "strip_rows needs scheme='ssprk3'"),
@@ -312,6 +343,11 @@ def test_automatic_strips_choose_rows_that_hold_the_steps(monkeypatch):
     assert _strip_plan(ShallowWater(g)) == (10, 3)
     assert _strip_plan(ShallowWater(Grid((16, 4096), (1.0, 1.0)))) == (0, 1)  # 8 < 9
     assert _strip_plan(ShallowWater(Grid((16, 4096), (1.0, 1.0)), strip_steps=2)) == (8, 2)
+    # no divisor from half the target up: the target, the first strip taking the rest
+    assert _strip_plan(ShallowWater(Grid((38, 4096), (1.0, 1.0)))) == (19, 3)
+    assert _strip_plan(ShallowWater(Grid((37, 4096), (1.0, 1.0)))) == (18, 3)
+    assert _strip_plan(ShallowWater(Grid((2056, 4096), (1.0, 1.0)))) == (64, 3)
+    assert _strip_plan(ShallowWater(Grid((2063, 4096), (1.0, 1.0)))) == (64, 3)
 
 
 @pytest.mark.parametrize("n_steps", [1, 2, 3, 7, 9])

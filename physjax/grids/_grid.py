@@ -82,7 +82,7 @@ class Grid(eqx.Module):
     halo: int = eqx.field(static=True)
     mesh_axes: tuple[str | None, ...] = eqx.field(static=True)
     mesh_shape: tuple[int, ...] = eqx.field(static=True)
-    _spacing: tuple[float, ...] = eqx.field(static=True)
+    _spacing: tuple[float, ...] = eqx.field(static=True, repr=False)
 
     def __init__(
         self,

@@ -85,7 +85,9 @@ def last_level_cache_bytes() -> int | None:
 
 
 def auto_strip_rows(grid: Grid, cache_bytes: int | None | str = "detect", min_rows: int = 8) -> int:
-    """Rows per strip chosen for ``grid`` on the CPU (0: do not block), at least ``min_rows``.
+    """Rows per strip chosen for ``grid`` on the CPU (0: do not block), at least ``min_rows``:
+    about ``AUTO_STRIP_BYTES`` per field and at most half the rows, the largest divisor of
+    ``ny`` from half that up if there is one.
 
     Strips pay off once the plain step's working set (``PLAIN_WORKING_SET_FIELDS`` fields)
     outgrows the last-level cache of ``cache_bytes`` (default: read from the machine; if it
@@ -105,9 +107,12 @@ def auto_strip_rows(grid: Grid, cache_bytes: int | None | str = "detect", min_ro
             return 0
     elif PLAIN_WORKING_SET_FIELDS * field <= cache_bytes:
         return 0
-    target = max(16, AUTO_STRIP_BYTES // row_bytes)
-    rows = [m for m in range(min_rows, min(target, ny // 2) + 1) if ny % m == 0]
-    return rows[-1] if rows else 0
+    top = min(max(16, AUTO_STRIP_BYTES // row_bytes), ny // 2)
+    if top < min_rows:
+        return 0
+    # a divisor of ny near the target saves compiling a first strip of other rows
+    divisors = [m for m in range(max(min_rows, top // 2), top + 1) if ny % m == 0]
+    return divisors[-1] if divisors else top
 
 
 class StripAux(eqx.Module):
@@ -154,18 +159,18 @@ def blocked_ssprk3_steps(
     model: ShallowWater, state: ShallowWaterState, ts, dt, aux: StripAux, m: int
 ) -> ShallowWaterState:
     """``len(ts)`` SSP-RK3 steps of ``model``, the j-th from time ``ts[j]``, computed in
-    strips of ``m`` rows, each strip advanced through all the steps at one visit (see module
-    doc). ``m`` must be at least the overlap, three rows per step."""
+    strips of ``m`` rows (the first strip takes what ``m`` does not divide), each strip
+    advanced through all the steps at one visit (see module doc). ``m`` must be at least the
+    overlap, three rows per step, and at most ``ny``."""
     from ._model import ShallowWaterState
 
     g = model.grid
     ny, nx = g.shape
-    K = ny // m
     S = len(ts)
     H = OVERLAP * S
     P = aux.pad
-    if not (S >= 1 and H <= min(m, P)):  # pragma: no cover - guarded by the callers
-        raise ValueError(f"{S} steps need strips and padding of at least {H} rows")
+    if not (S >= 1 and H <= min(m, P) and m <= ny):  # pragma: no cover - guarded by callers
+        raise ValueError(f"{S} steps need strips of {H} to ny rows and padding of {H} rows")
     bc = model._bc()
     names = ("h", "u", "v")
     walls_y = not g.periodic[0]
@@ -201,66 +206,98 @@ def blocked_ssprk3_steps(
             k["v"] = jnp.where(rows == 0, 0, k["v"])
         return k
 
-    def refill_walls(Y: dict, w: int, s) -> dict:
-        """Ghost rows beyond the walls (the first ``w`` rows of the first strip, the last
-        ``w`` of the last) from the stage state, as ``fill_halo`` fills them."""
-        if not walls_y or w == 0:
+    def refill_walls(Y: dict, w: int, first, last) -> dict:
+        """Ghost rows beyond the walls (the first ``w`` rows of a block at the south wall,
+        the last ``w`` of one at the north wall; ``first``/``last``: whether it is there,
+        a bool or a traced one) from the stage state, as ``fill_halo`` fills them."""
+        if not walls_y or w == 0 or (first is False and last is False):
             return Y
         out = {}
         for k in names:
             a = Y[k]
             R = a.shape[0]
-            low, high = _wall_ghosts(a[w : R - w], 0, w, bc[k][0][0], bc[k][1][0])
-            a = a.at[:w].set(jnp.where(s == 0, low, a[:w]))
-            a = a.at[R - w :].set(jnp.where(s == K - 1, high, a[R - w :]))
+            if first is not False:
+                low, _ = _wall_ghosts(a[w:], 0, w, bc[k][0][0], bc[k][1][0])
+                a = a.at[:w].set(low if first is True else jnp.where(first, low, a[:w]))
+            if last is not False:
+                _, high = _wall_ghosts(a[: R - w], 0, w, bc[k][0][0], bc[k][1][0])
+                a = a.at[R - w :].set(high if last is True else jnp.where(last, high, a[R - w :]))
             out[k] = a
         return out
 
     def rows_of(Y: dict, c: int) -> dict:
         return {k: a[c : a.shape[0] - c] for k, a in Y.items()}
 
-    def one_strip(s, state, tails):
-        """Strip ``s`` advanced ``S`` steps, from the state in which strips ``< s`` are
-        already advanced; ``tails`` holds the original last ``H`` rows of strip ``s - 1``."""
-        r = s * m - H  # global row of the block's first row
-        rows = jnp.minimum(s * m + jnp.arange(m + H), ny - 1)
+    def gather(state, start, rows_out: int, head: dict, last) -> dict:
+        """The block of a strip of ``rows_out`` rows from global row ``start``: ``head``
+        (the ``H`` original rows above it), then its rows and the ``H`` below from
+        ``state`` (not yet advanced there), or beyond the last row the edge rows."""
+        rows = jnp.minimum(start + jnp.arange(rows_out + H), ny - 1)
         Y0 = {}
         for k in names:
-            low, high = edges[k]
-            head = jnp.where(s == 0, low, tails[k])
             body = jnp.take(state[k], rows, axis=0, mode="clip")
-            body = body.at[m:].set(jnp.where(s == K - 1, high, body[m:]))
-            Y0[k] = jnp.concatenate([head, body], axis=0)
-        tails = {k: Y0[k][m : m + H] for k in names}
+            high = edges[k][1]
+            if last is True:
+                body = body.at[rows_out:].set(high)
+            elif last is not False:
+                body = body.at[rows_out:].set(jnp.where(last, high, body[rows_out:]))
+            Y0[k] = jnp.concatenate([head[k], body], axis=0)
+        return Y0
+
+    def advance_block(Y0: dict, r, rows_out: int, first, last) -> dict:
+        """``S`` steps of the block ``Y0`` (``rows_out + 2 H`` rows from global row ``r``):
+        its middle ``rows_out`` rows advanced."""
         Y, w = Y0, H  # the step's first stage state and its rows beyond the strip
         for t in ts:
-            n = m + 2 * w
+            n = rows_out + 2 * w
             k1 = tendency(Y, r, n, t)
             Y1 = {k: dt * k1[k] + a for k, a in rows_of(Y, 1).items()}
-            Y1 = refill_walls(Y1, w - 1, s)
+            Y1 = refill_walls(Y1, w - 1, first, last)
             k2 = tendency(Y1, r + 1, n - 2, t + dt)
             W = {k: dt * k2[k] + a for k, a in rows_of(Y1, 1).items()}
             Y2 = {k: a + 0.25 * (W[k] - a) for k, a in rows_of(Y, 2).items()}
-            Y2 = refill_walls(Y2, w - 2, s)
+            Y2 = refill_walls(Y2, w - 2, first, last)
             k3 = tendency(Y2, r + 2, n - 4, t + 0.5 * dt)
             W = {k: dt * k3[k] + a for k, a in rows_of(Y2, 1).items()}
             Y = {k: a + (2 / 3) * (W[k] - a) for k, a in rows_of(Y, 3).items()}
             r, w = r + OVERLAP, w - OVERLAP
-            Y = refill_walls(Y, w, s)
-        return Y, tails
+            Y = refill_walls(Y, w, first, last)
+        return Y
+
+    # A grid that ``m`` does not divide starts with one strip of the remaining rows (or of
+    # ``m`` more, so that the loop's first block does not reach below the first row, where
+    # a wall's ghost rows would need refilling at an offset).
+    rem = ny % m
+    m0 = 0 if rem == 0 else (rem if rem >= H else rem + m)
+    K = (ny - m0) // m  # strips of the loop
+    low = {k: edges[k][0] for k in names}
+    if m0:
+        Y0 = gather(fields, 0, m0, low, K == 0)
+        new = advance_block(Y0, -H, m0, True, K == 0)
+        heads = {k: Y0[k][m0 : m0 + H] for k in names}  # original rows m0 - H .. m0 - 1
+        fields = {k: fields[k].at[:m0].set(new[k]) for k in names}
+    else:
+        heads = low
 
     def body(s, carry):
-        state, tails = carry
-        new, tails = one_strip(s, state, tails)
-        state = {k: lax.dynamic_update_slice_in_dim(state[k], new[k], s * m, 0) for k in names}
-        return state, tails
+        """Strip ``s`` of the loop advanced ``S`` steps, from the state in which the
+        strips before it are advanced; ``heads``: the original last ``H`` rows of the
+        strip before it."""
+        state, heads = carry
+        start = m0 + s * m
+        Y0 = gather(state, start, m, heads, s == K - 1)
+        heads = {k: Y0[k][m : m + H] for k in names}
+        first = (s == 0) if m0 == 0 else False
+        new = advance_block(Y0, start - H, m, first, s == K - 1)
+        state = {k: lax.dynamic_update_slice_in_dim(state[k], new[k], start, 0) for k in names}
+        return state, heads
 
     # The strips are written into the state's own buffers (XLA updates them in place: no
-    # padded copy of the state, no output stack); the few original rows that a later strip
+    # padded copy of the state, no output stack); the few original rows that the next strip
     # still reads are carried along.
-    tails0 = {k: jnp.zeros_like(fields[k][:H]) for k in names}
-    out, _ = lax.fori_loop(0, K, body, (fields, tails0))
-    return ShallowWaterState(**out)
+    if K:
+        fields, _ = lax.fori_loop(0, K, body, (fields, heads))
+    return ShallowWaterState(**fields)
 
 
 def blocked_ssprk3_step(

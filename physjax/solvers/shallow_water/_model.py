@@ -198,8 +198,10 @@ class ShallowWater(eqx.Module):
       step's working set (13 field-sized buffers) no longer fits in the last-level cache read
       from Linux's sysfs (with 32 MiB of L3, from 768² float64 or 1024² float32 up); where
       the cache size cannot be read, for fields of 4 MiB or more (768² float64, 1024² float32);
-      ``0``: never; a divisor of ``ny`` of at least 3: always (on one device; a run split
-      over a mesh steps each block unblocked).
+      ``0``: never; a number of rows from 3 to ``ny``: always (on one device; a run split
+      over a mesh steps each block unblocked). When it does not divide ``ny``, the first
+      strip takes the remaining rows (with ``strip_rows`` more if they are fewer than the
+      overlap), compiled as a block of its own.
     - `strip_steps`: steps advanced per visit of a strip (temporal blocking: a strip is read
       with ``3 × strip_steps`` rows of overlap and the state is read and written once per
       ``strip_steps`` steps). ``None`` (default): 3, or ``strip_rows // 3`` if that is
@@ -258,10 +260,10 @@ class ShallowWater(eqx.Module):
                     f"strip_rows must be None, 0 or a positive integer, got {strip_rows!r}"
                 )
             strip_rows = int(strip_rows)
-            if strip_rows < 0 or (strip_rows and (strip_rows < 3 or grid.shape[0] % strip_rows)):
+            if strip_rows < 0 or (strip_rows and not 3 <= strip_rows <= grid.shape[0]):
                 raise ValueError(
-                    f"strip_rows must be None, 0 or a divisor of ny={grid.shape[0]} that is at "
-                    f"least 3 (the rows of overlap of a strip), got {strip_rows}"
+                    f"strip_rows must be None, 0 or a number of rows from 3 (the rows of "
+                    f"overlap of a strip) to ny={grid.shape[0]}, got {strip_rows}"
                 )
             if strip_rows and scheme != "ssprk3":
                 raise ValueError(f"strip_rows needs scheme='ssprk3', got scheme={scheme!r}")
