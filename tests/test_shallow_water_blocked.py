@@ -109,8 +109,10 @@ def test_strips_of_several_steps_equal_plain_steps(periodic, m, kw, check_step):
 # r + m when r is under the 3 S rows of overlap, the whole grid when nothing is left)
 UNEVEN = [
     (True, 10, FULL),  # r = 8: a first strip of 8 rows (S = 1) or 18 (S = 3)
-    ((False, True), 20, dict(FULL, boundary="no-slip")),  # r = 8: 8 or 28 rows, one loop strip
-    (False, 30, FULL),  # r = 18 (walls all round)
+    pytest.param(  # r = 8: 8 or 28 rows, one loop strip
+        (False, True), 20, dict(FULL, boundary="no-slip"), marks=pytest.mark.slow
+    ),
+    pytest.param(False, 30, FULL, marks=pytest.mark.slow),  # r = 18 (walls all round)
     ((False, True), 45, dict(FULL, boundary="no-slip")),  # r = 3: 3 rows or the whole grid
     pytest.param(False, 40, FULL, marks=pytest.mark.slow),  # r = 8: 8 rows or the whole grid
     pytest.param((True, False), 13, FULL, marks=pytest.mark.slow),  # r = 9, walls along
@@ -135,7 +137,9 @@ def test_strips_that_do_not_divide_the_grid_equal_plain_steps(periodic, m, kw):
                 assert np.max(np.abs(x - y)) <= 1e-12 * np.max(np.abs(x))
 
 
-@pytest.mark.parametrize("ny, Ly, m", [(42, 6.0e5, 6), (45, 3.0e5, 9)])
+@pytest.mark.parametrize(
+    "ny, Ly, m", [(42, 6.0e5, 6), pytest.param(45, 3.0e5, 9, marks=pytest.mark.slow)]
+)
 def test_strips_keep_the_spacing_of_any_grid(ny, Ly, m):
     """A strip's grid keeps the parent's dy to the last bit even when no domain length
     divides back to it for the strip's row count (these grids used to fail there)."""
