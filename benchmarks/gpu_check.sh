@@ -1,11 +1,21 @@
 #!/usr/bin/env bash
-# GPU check for a lent accelerator machine: the shallow-water benchmark at 4096² float32,
-# reporting the fraction of the device's measured copy bandwidth (target ≥ 40%).
-# Run from the repository root:  bash benchmarks/gpu_check.sh  (writes $OUT or benchmarks/results)
+# GPU check for a lent accelerator machine: the shallow-water benchmark at 4096² float32
+# (and 1024², 2048² beside it), reporting the fraction of the device's measured copy
+# bandwidth reached (column %copy; target ≥ 40% at 4096²).
+# Run from the repository root:  bash benchmarks/gpu_check.sh
+# Writes $OUT (the device tool's folder) or benchmarks/results. SIZES overrides the sizes
+# (a dry run on the CPU: SIZES="64 128" bash benchmarks/gpu_check.sh); PYTHON the
+# interpreter (default python3). physjax needs no install: the benchmark puts the
+# repository on sys.path; it needs jax, equinox, jaxtyping and numpy (not h5netcdf).
 set -euo pipefail
 out="${OUT:-benchmarks/results}"
+py="${PYTHON:-python3}"
+sizes="${SIZES:-1024 2048 4096}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-python -c "import jax; print(jax.__version__, jax.devices())"
-python benchmarks/shallow_water.py --sizes 1024 2048 4096 --dtypes float32 --no-numpy \
+"$py" -c "import jax; print('jax', jax.__version__, jax.devices())" 2>&1 | tee "$out/gpu_env.log"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv \
+    >> "$out/gpu_env.log" 2>&1 || true
+# shellcheck disable=SC2086  # sizes is a list
+"$py" benchmarks/shallow_water.py --sizes $sizes --dtypes float32 --no-numpy \
     --output "$out/shallow_water_gpu.json" 2>&1 | tee "$out/shallow_water_gpu.log"
