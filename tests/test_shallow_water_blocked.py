@@ -105,28 +105,33 @@ def test_strips_of_several_steps_equal_plain_steps(periodic, m, kw, check_step):
     assert float(jnp.max(jnp.abs(a.h[-1] - s.h))) > 1e-3
 
 
-# strips of m rows that do not divide NY = 48: the first strip takes the rest (r rows, or
-# r + m when r is under the 3 S rows of overlap, the whole grid when nothing is left)
+# strips of m rows that do not divide NY = 48, with S steps per visit: the first strip takes
+# the rest (r rows, or r + m when r is under the 3 S rows of overlap, the whole grid when
+# nothing is left)
 UNEVEN = [
-    (True, 10, FULL),  # r = 8: a first strip of 8 rows (S = 1) or 18 (S = 3)
+    (True, 10, FULL, (3,)),  # r = 8 < 9: a first strip of 18 rows
+    ((False, True), 45, dict(FULL, boundary="no-slip"), (1,)),  # r = 3: a first strip of 3
+    pytest.param(True, 10, FULL, (1,), marks=pytest.mark.slow),  # r = 8: a first strip of 8
     pytest.param(  # r = 8: 8 or 28 rows, one loop strip
-        (False, True), 20, dict(FULL, boundary="no-slip"), marks=pytest.mark.slow
+        (False, True), 20, dict(FULL, boundary="no-slip"), (1, 3), marks=pytest.mark.slow
     ),
-    pytest.param(False, 30, FULL, marks=pytest.mark.slow),  # r = 18 (walls all round)
-    ((False, True), 45, dict(FULL, boundary="no-slip")),  # r = 3: 3 rows or the whole grid
-    pytest.param(False, 40, FULL, marks=pytest.mark.slow),  # r = 8: 8 rows or the whole grid
-    pytest.param((True, False), 13, FULL, marks=pytest.mark.slow),  # r = 9, walls along
+    pytest.param(False, 30, FULL, (1, 3), marks=pytest.mark.slow),  # r = 18 (walls all round)
+    pytest.param(  # r = 3 < 9: the whole grid in the first strip
+        (False, True), 45, dict(FULL, boundary="no-slip"), (3,), marks=pytest.mark.slow
+    ),
+    pytest.param(False, 40, FULL, (1, 3), marks=pytest.mark.slow),  # 8 rows or the whole grid
+    pytest.param((True, False), 13, FULL, (1, 3), marks=pytest.mark.slow),  # r = 9, walls along
 ]
 
 
-@pytest.mark.parametrize("periodic, m, kw", UNEVEN)
-def test_strips_that_do_not_divide_the_grid_equal_plain_steps(periodic, m, kw):
+@pytest.mark.parametrize("periodic, m, kw, steps_per_visit", UNEVEN)
+def test_strips_that_do_not_divide_the_grid_equal_plain_steps(periodic, m, kw, steps_per_visit):
     """Strips of rows that do not divide ny: one step per visit gives the plain step's
     result to the last bit, several (3) agree to round-off."""
     plain, s, dt = _setup(periodic, **kw)
     a = plain.run(s, dt=dt, n_steps=12, save_every=6).states
     assert float(jnp.max(jnp.abs(a.h[-1] - s.h))) > 1e-3
-    for steps in (1, 3):
+    for steps in steps_per_visit:
         blocked = dataclasses.replace(plain, strip_rows=m, strip_steps=steps)
         b = blocked.run(s, dt=dt, n_steps=12, save_every=6).states
         for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):

@@ -273,6 +273,13 @@ class Grid(eqx.Module):
                     f"n{name}={n} split {m} ways leaves {n // m} cells per device, fewer than "
                     f"the halo width {self.halo}"
                 )
+        return self._with_mesh(mesh_axes, mesh_shape)
+
+    def unsharded(self) -> Grid:
+        return self._with_mesh(None, None)
+
+    def _with_mesh(self, mesh_axes, mesh_shape) -> Grid:
+        """This grid (its spacing to the last bit) with another decomposition."""
         return Grid(
             self.shape,
             self.extent,
@@ -282,17 +289,6 @@ class Grid(eqx.Module):
             self.halo,
             mesh_axes,
             mesh_shape,
-            _spacing=self._spacing,
-        )
-
-    def unsharded(self) -> Grid:
-        return Grid(
-            self.shape,
-            self.extent,
-            self.periodic,
-            self.origin,
-            self.dtype,
-            self.halo,
             _spacing=self._spacing,
         )
 
