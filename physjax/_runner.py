@@ -15,14 +15,22 @@ import numpy as np
 class SimulationBlewUp(RuntimeError):
     """A run produced NaN or Inf. ``step`` and ``time`` name the first bad step."""
 
-    def __init__(self, step: int, time: float, frames_written: int, output: str | None = None):
+    def __init__(
+        self,
+        step: int,
+        time: float,
+        frames_written: int,
+        output: str | None = None,
+        reason: str = "NaN/Inf",
+    ):
         self.step = step
         self.time = time
         self.frames_written = frames_written
         self.output = output
+        self.reason = reason
         where = "" if output is None else f" in {output}"
         super().__init__(
-            f"the run blew up (NaN/Inf) at step {step}, t = {time:.6g} s; the {frames_written} "
+            f"the run blew up ({reason}) at step {step}, t = {time:.6g} s; the {frames_written} "
             f"frame(s) written before it are kept{where}. Lower dt (or --cfl) or add dissipation."
         )
 
@@ -57,14 +65,17 @@ def drive(
     progress: Any | None = None,
     max_frames: int | None = None,
     stop: Callable[[], bool] | None = None,
+    healthy: Callable[[Any], Any] = _all_finite,
+    failure: str = "NaN/Inf",
 ) -> tuple[Any, int, int]:
     """Advance from step ``step0`` to ``n_steps`` in chunks of ``save_every`` steps.
 
     ``advance(state, t0, n)`` returns the state ``n`` steps after time ``t0``; chunk ``k``
     starts at ``t0 = step * dt`` exactly as in an uninterrupted run, so a resumed run repeats
     its arithmetic bit for bit. After each chunk ``on_frame(state, t, step)`` writes the
-    frame. A non-finite state is traced back step by step from the last good frame and raises
-    [`SimulationBlewUp`][]. When ``stop()`` turns true (checked between frames), or a
+    frame. A state that is not ``healthy`` (default: not finite everywhere; ``failure`` says
+    what went wrong in the message) is traced back step by step from the last good frame and
+    raises [`SimulationBlewUp`][]. When ``stop()`` turns true (checked between frames), or a
     ``KeyboardInterrupt`` arrives, the run ends with [`RunInterrupted`][] naming the last
     frame written. Returns ``(state, step, frames_written)``.
     """
@@ -78,9 +89,9 @@ def drive(
                 break
             n = min(save_every, n_steps - step)
             new = advance(state, step * dt, n)
-            if not bool(_all_finite(new)):
-                bad = _locate_blowup(advance, state, step, n, dt)
-                raise SimulationBlewUp(bad, bad * dt, frames)
+            if not bool(healthy(new)):
+                bad = _locate_blowup(advance, state, step, n, dt, healthy)
+                raise SimulationBlewUp(bad, bad * dt, frames, reason=failure)
             on_frame(new, (step + n) * dt, step + n)
             state = new
             step += n
@@ -94,10 +105,10 @@ def drive(
     return state, step, frames
 
 
-def _locate_blowup(advance, state, step, n, dt) -> int:
+def _locate_blowup(advance, state, step, n, dt, healthy=_all_finite) -> int:
     for k in range(n):
         state = advance(state, (step + k) * dt, 1)
-        if not bool(_all_finite(state)):
+        if not bool(healthy(state)):
             return step + k + 1
     return step + n
 

@@ -10,6 +10,7 @@ written.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import shlex
@@ -280,21 +281,29 @@ def _write_plot(path: str, plot: str, option: str = "--plot", **kwargs) -> None:
 class _StopRequest:
     """While active (in the main thread), a first Ctrl-C (SIGINT) only asks the run to stop
     at the next frame boundary, so that it never lands inside a write; a second one raises
-    ``KeyboardInterrupt`` at once. Calling the object tells whether a stop was asked for."""
+    ``KeyboardInterrupt`` at once. A SIGTERM (a batch system's time limit, ``kill``) stops
+    at once like a second Ctrl-C: what follows it is usually a SIGKILL a few seconds later,
+    too soon to finish a frame. Calling the object tells whether a stop was asked for."""
 
     def __init__(self):
         self.requested = False
         self._previous = None
+        self._previous_term = None
         self._installed = False
 
     def __call__(self) -> bool:
         return self.requested
 
     def shield(self) -> None:
-        """Ignore Ctrl-C from now until the context ends: the few file operations that
-        record an interrupted run must not be cut short themselves."""
+        """Ignore Ctrl-C and SIGTERM from now until the context ends: the few file operations
+        that record an interrupted run must not be cut short themselves."""
         if self._installed:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def _terminate(self, signum, frame):
+        print("\nterminated (SIGTERM): stopping now", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
 
     def _handle(self, signum, frame):
         if self.requested:
@@ -309,6 +318,7 @@ class _StopRequest:
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._handle)
+            self._previous_term = signal.signal(signal.SIGTERM, self._terminate)
             self._installed = True
         return self
 
@@ -318,6 +328,8 @@ class _StopRequest:
             signal.signal(
                 signal.SIGINT, signal.default_int_handler if previous is None else previous
             )
+            term = self._previous_term
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if term is None else term)
         return False
 
 
@@ -358,6 +370,12 @@ def add_run_options(p: argparse.ArgumentParser, cases: list[str], default_case: 
     )
     p.add_argument(
         "--resume", action="store_true", help="continue the run in --output from its last frame"
+    )
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --output that holds an unfinished run or is not a physjax "
+        "file (a finished or failed physjax run is replaced without it)",
     )
     p.add_argument(
         "--max-frames",
@@ -402,6 +420,10 @@ def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dic
         norm = lambda v: list(v) if isinstance(v, (tuple, list)) else v  # noqa: E731
         return norm(a) == norm(b)
 
+    def layout(v):  # one device is one device, whether written 1, "1x1" or [1, 1]
+        v = _devices_setting(v)
+        return 1 if math.prod(v if isinstance(v, tuple) else (v,)) == 1 else v
+
     for key, value in given.items():
         if key in _RESUME_FREE or value is None:
             continue
@@ -409,7 +431,7 @@ def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dic
         if key == "dt" and stored.get("dt_requested") is not None:
             was = stored["dt_requested"]
         if key == "devices":  # 4, "4", "2x2", [2, 2]: compared as layouts
-            differs = not same(_devices_setting(value), _devices_setting(was))
+            differs = not same(layout(value), layout(was))
         else:
             differs = not same(value, was)
         if key not in stored or differs:
@@ -450,10 +472,40 @@ def _steps(t_end: float, dt: float) -> tuple[int, float]:
     return n, t_end / n
 
 
+def _check_overwrite(output: str, overwrite: bool) -> None:
+    """A new run replaces an existing ``output`` only if it holds a physjax run that ended
+    (``complete`` or ``failed: …``), or with ``--overwrite``: an unfinished run is what
+    ``--resume`` continues, and a file physjax did not write may be someone's data."""
+    from .io import STATUS_COMPLETE, read_attrs
+
+    if overwrite or not os.path.exists(output):
+        return
+    try:
+        attrs = read_attrs(output)
+    except ValueError:
+        attrs = {}
+    status = attrs.get("status") if "physjax_version" in attrs else None
+    if not isinstance(status, str):
+        raise ValueError(
+            f"--output {output!r} exists and is not a physjax output file; pass --overwrite "
+            f"to replace it, or give another --output"
+        )
+    if status != STATUS_COMPLETE and not status.startswith("failed"):
+        raise ValueError(
+            f"--output {output!r} holds an unfinished run (status {status!r}); continue it "
+            f"with --resume, or pass --overwrite to start it again"
+        )
+
+
+#: Settings of a case that the command line sets with options of their own, not --param.
+_OPTION_PARAMETERS = {"nx": "--nx", "ny": "--ny", "precision": "--precision", "t_end": "--t-end"}
+
+
 def run_shallow_water(
     settings: dict,
     *,
     resume: bool = False,
+    overwrite: bool = False,
     max_frames: int | None = None,
     quiet: bool = False,
     out=None,
@@ -463,13 +515,39 @@ def run_shallow_water(
     All settings are validated, the case built and ``dt`` checked before the output file is
     created or anything compiled. A Ctrl-C stops the run between frames: the file keeps its
     whole frames and the status ``interrupted: …``, and [`physjax._runner.RunInterrupted`][]
-    is raised.
+    is raised. The output is locked against a second physjax process for the whole run.
     """
+    if resume and overwrite:
+        raise ValueError("--resume and --overwrite exclude each other: give one of them")
+    with contextlib.ExitStack() as held:
+        return _run_shallow_water(
+            settings,
+            held,
+            resume=resume,
+            overwrite=overwrite,
+            max_frames=max_frames,
+            quiet=quiet,
+            out=out,
+        )
+
+
+def _run_shallow_water(
+    settings: dict,
+    held: contextlib.ExitStack,
+    *,
+    resume: bool,
+    overwrite: bool,
+    max_frames: int | None,
+    quiet: bool,
+    out,
+) -> dict:
     from .io import (
         STATUS_INTERRUPTED,
         STATUS_STOPPED,
         NetCDFWriter,
+        OutputSpaceError,
         check_writable,
+        output_lock,
         read_attrs,
         read_frame,
     )
@@ -484,6 +562,7 @@ def run_shallow_water(
     if resume:
         if not output:
             raise ValueError("--resume needs --output naming the file to continue")
+        held.enter_context(output_lock(output))
         attrs = read_attrs(output)
         stored = attrs.get("configuration")
         if not isinstance(stored, dict) or stored.get("command") != "shallow-water":
@@ -498,6 +577,13 @@ def run_shallow_water(
             plot_note = f"; drew its last frame to {plot}" if plot else ""
             print(f"{output} is already complete; nothing to resume{plot_note}", file=out)
             return {"output": output, "frames": attrs["n_frames"], "resumed": False}
+        status = attrs.get("status")
+        if isinstance(status, str) and status.startswith("failed"):
+            raise ValueError(
+                f"--resume: the run in {output!r} failed ({status}); continuing it would "
+                f"repeat the same steps and fail again. Start a new run, e.g. with a smaller "
+                f"--dt or --cfl"
+            )
         settings = {**stored, "output": output, "plot": settings.get("plot") or stored.get("plot")}
 
     # an empty string is not "no setting": it is refused below like any unknown value
@@ -511,6 +597,7 @@ def run_shallow_water(
     setup_jax(precision, devices)
 
     import jax
+    import jax.numpy as jnp
 
     from ._runner import RunInterrupted, SimulationBlewUp, drive, to_numpy
     from .parallel import make_mesh, shard
@@ -521,6 +608,12 @@ def run_shallow_water(
         if settings.get(key) is not None:
             kw[key] = _positive_number(f"--{key}", settings[key], integer=True)
     params = dict(settings.get("parameters") or {})
+    for key, option in _OPTION_PARAMETERS.items():
+        if key in params:
+            raise ValueError(
+                f"--param {key}: {key} is not a physical parameter here; set it with {option}"
+                f" (or {key} at the top of a --config file)"
+            )
     case = make_case(case_name, precision=precision, **kw, **params)
     model, state = case.model, case.state
     grid = model.grid
@@ -535,9 +628,17 @@ def run_shallow_water(
     dt_requested = cfl = None
     if settings.get("dt") is not None:
         dt_requested = _positive_number("--dt", settings["dt"])
-        if cfl_check:
-            model.check_dt(state, dt_requested)
         n_steps, dt = _steps(t_end, dt_requested)
+        if cfl_check:  # the step taken: a --dt beyond --t-end is lowered to it
+            try:
+                model.check_dt(state, dt)
+            except ValueError as e:
+                if dt == dt_requested:
+                    raise
+                raise ValueError(
+                    f"--dt {dt_requested:g} s, lowered to {dt:.6g} s to end on --t-end "
+                    f"{t_end:g} s: {e}"
+                ) from None
     else:
         cfl = 0.5 if settings.get("cfl") is None else _positive_number("--cfl", settings["cfl"])
         if cfl > 1:
@@ -567,6 +668,9 @@ def run_shallow_water(
 
     output = output or f"{case_name}.h5"
     check_writable(output, "--output")
+    if not resume:
+        held.enter_context(output_lock(output))
+        _check_overwrite(output, overwrite)
     plot = settings.get("plot")
     _check_plot_path(plot, output=output)
     resolved = {
@@ -594,6 +698,11 @@ def run_shallow_water(
     def diagnose(state):
         return model.relative_vorticity(state)
 
+    @jax.jit
+    def healthy(state):  # finite, and a layer thickness that stays positive
+        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(state)]))
+        return finite & (jnp.min(state.h) > 0)
+
     def fields_of(state):
         return {
             "h": to_numpy(state.h),
@@ -606,9 +715,15 @@ def run_shallow_water(
 
     with _StopRequest() as stop:
         if resume:
-            writer = NetCDFWriter.reopen(output, grid, variables)
             last = read_frame(output)
-            state = model.initial_state(last["h"], last["u"], last["v"])
+            try:  # before the file is touched: a frame no run can continue from is refused
+                state = model.initial_state(last["h"], last["u"], last["v"])
+            except ValueError as e:
+                raise ValueError(
+                    f"--resume: the last frame of {output!r} (step {int(last['step'])}) is not "
+                    f"a state the run can continue from: {e}"
+                ) from None
+            writer = NetCDFWriter.reopen(output, grid, variables)
             step0 = int(last["step"])
             frames_before = read_attrs(output)["n_frames"]
         else:
@@ -657,12 +772,30 @@ def run_shallow_water(
                 progress=bar,
                 max_frames=max_frames,
                 stop=stop,
+                healthy=healthy,
+                failure="NaN/Inf or h <= 0",
             )
         except SimulationBlewUp as e:
             bar.close()
-            writer.finish(f"failed: NaN/Inf at step {e.step}, t = {e.time:.6g} s")
+            writer.finish(f"failed: {e.reason} at step {e.step}, t = {e.time:.6g} s")
             e.frames_written += frames_before
-            raise SimulationBlewUp(e.step, e.time, e.frames_written, output) from None
+            raise SimulationBlewUp(
+                e.step, e.time, e.frames_written, output, reason=e.reason
+            ) from None
+        except OutputSpaceError as e:
+            stop.shield()
+            bar.close()
+            step = int(read_frame(output)["step"])
+            with contextlib.suppress(OSError):  # a few bytes of attributes, if they fit
+                at = f"at step {step}, t = {step * dt:.6g} s"
+                writer.finish(f"{STATUS_INTERRUPTED}: {at}: the disk was full")
+            frames = read_attrs(output)["n_frames"]
+            command = f"physjax shallow-water --output {shlex.quote(output)} --resume"
+            raise OutputSpaceError(
+                f"{e}. The run stopped at step {step} of {n_steps}; {output} keeps {frames} "
+                f"whole frame{'s' if frames != 1 else ''}. Free some space and continue "
+                f"with: {command}"
+            ) from None
         except RunInterrupted:
             stop.shield()
             bar.close()
@@ -723,7 +856,13 @@ def _cmd_shallow_water(args) -> int:
         settings["cfl_check"] = not no_check
     max_frames = settings.pop("max_frames", None)
     quiet = bool(settings.pop("quiet", None))
-    run_shallow_water(settings, resume=args.resume, max_frames=max_frames, quiet=quiet)
+    run_shallow_water(
+        settings,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        max_frames=max_frames,
+        quiet=quiet,
+    )
     return 0
 
 
@@ -782,6 +921,7 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
         from ._memory import tune_cpu_allocator
         from ._runner import RunInterrupted, SimulationBlewUp
+        from .io import OutputSpaceError
     except KeyboardInterrupt:
         print("physjax: interrupted", file=sys.stderr)
         return 130
@@ -799,6 +939,9 @@ def main(argv: list[str] | None = None) -> int:
     except RunInterrupted as e:
         print(f"physjax {args.command}: {e}", file=sys.stderr)
         return 130
+    except OutputSpaceError as e:
+        print(f"physjax {args.command}: error: {e}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print(f"physjax {args.command}: interrupted", file=sys.stderr)
         return 130

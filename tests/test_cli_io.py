@@ -159,7 +159,7 @@ def test_blow_up_stops_with_step_and_keeps_frames(tmp_path, capsys):
             "--t-end",
             "6000000",
             "--save-every",
-            "5",
+            "1",
             "--no-cfl-check",
             "--quiet",
             "--output",
@@ -168,16 +168,17 @@ def test_blow_up_stops_with_step_and_keeps_frames(tmp_path, capsys):
     )
     err = capsys.readouterr().err
     assert code == 3
-    assert "blew up (NaN/Inf) at step" in err and "t = " in err
+    assert "blew up (NaN/Inf or h <= 0) at step" in err and "t = " in err
     assert f"written before it are kept in {out}." in err  # the line names the file
     step = int(err.split("at step ")[1].split(",")[0])
     t = float(err.split("t = ")[1].split(" s;")[0])
     assert t == pytest.approx(step * 6000, rel=1e-6)  # the time of that step (dt = 6000 s)
     with xr.open_dataset(out) as ds:
-        assert ds.attrs["status"].startswith("failed: NaN/Inf at step")
+        assert ds.attrs["status"].startswith("failed: NaN/Inf or h <= 0 at step")
         assert ds.sizes["time"] >= 2
         assert np.isfinite(ds["h"].values).all()
-        assert ds["step"].values[-1] < step <= ds["step"].values[-1] + 5
+        assert ds["h"].values.min() > 0  # a thickness gone negative is a blow-up too
+        assert ds["step"].values[-1] == step - 1  # every step saved: the last good one
 
 
 @pytest.mark.parametrize(
@@ -187,7 +188,10 @@ def test_blow_up_stops_with_step_and_keeps_frames(tmp_path, capsys):
         (["--n", "-8"], "--n must be a positive integer"),
         (["--param", "mean_depth=-5"], "mean_depth must be > 0"),
         (["--param", "mean_depth=0"], "mean_depth must be > 0"),
-        (["--dt", "1e5"], "dt=100000 s breaks the CFL stability limit"),
+        (
+            ["--dt", "1e5"],
+            "--dt 100000 s, lowered to 7200 s to end on --t-end 7200 s: dt=7200 s breaks the CFL",
+        ),
         (["--dt", "-3"], "--dt must be a finite number > 0"),
         (["--case", "nope"], "unknown case 'nope'"),
         (["--devices", "1x4", "--nx", "30"], "mesh does not divide the grid: nx=30"),
@@ -693,3 +697,143 @@ def test_progress_bar_shows_the_time_of_the_frame_just_reached():
         progress=bar,
     )
     assert bar.shown == [(k, f"t={_format_time(60.0 * k)}") for k in (4, 8, 10)]
+
+
+def test_sigterm_stops_at_once_and_resume_continues(tmp_path, capsys, monkeypatch, uninterrupted):
+    """A batch system's time limit (SIGTERM) records the run as interrupted, resumable."""
+    original = NetCDFWriter.append
+
+    def append_then_sigterm(self, time, step, fields):
+        n = original(self, time, step, fields)
+        if n == 3:
+            signal.raise_signal(signal.SIGTERM)
+        return n
+
+    monkeypatch.setattr(NetCDFWriter, "append", append_then_sigterm)
+    out = tmp_path / "t.h5"
+    code = _main_catching_interrupt(["shallow-water", *INTERRUPT_ARGS, "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err
+    assert err.strip().splitlines()[0] == "terminated (SIGTERM): stopping now"
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # restored after the run
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "interrupted: at step 4, t = 2400 s"
+        assert list(f["step"][:]) == [0, 2, 4]
+    monkeypatch.undo()
+    _assert_resume_completes_like(out, uninterrupted)
+
+
+def test_a_full_disk_stops_the_run_with_whole_frames_and_resume_continues(
+    tmp_path, capsys, monkeypatch, uninterrupted
+):
+    """Free space is checked before each frame; when it runs short the run stops with the
+    file whole (HDF5 does not report every failed write, and a file whose metadata could not
+    be written no longer opens) and resumable once space is freed."""
+    import collections
+    import shutil
+
+    usage = collections.namedtuple("usage", "total used free")
+    calls = []
+
+    def disk_usage(path):
+        calls.append(path)  # the file's creation, then one call per frame
+        return usage(1 << 30, 0, (1 << 30) if len(calls) <= 4 else 40_000)
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    out = tmp_path / "full.h5"
+    code = main(["shallow-water", *INTERRUPT_ARGS, "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == 1 and "Traceback" not in err
+    assert "only 39.1 KiB free on the disk of" in err and "a frame needs 8.0 KiB" in err
+    assert "The run stopped at step 4 of 12" in err and "keeps 3 whole frames" in err
+    assert f"--output {out} --resume" in err
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["status"] == "interrupted: at step 4, t = 2400 s: the disk was full"
+        assert list(ds["step"].values) == [0, 2, 4]
+    monkeypatch.undo()
+    _assert_resume_completes_like(out, uninterrupted)
+
+
+def test_a_new_run_replaces_only_an_ended_physjax_run(tmp_path, capsys):
+    out = tmp_path / "o.h5"
+    assert main(["shallow-water", *FAST, "--output", str(out)]) == 0
+    assert main(["shallow-water", *FAST, "--output", str(out)]) == 0  # complete: replaced
+    assert main(["shallow-water", *FAST, "--max-frames", "1", "--output", str(out)]) == 0
+    before = out.read_bytes()
+    capsys.readouterr()
+    assert main(["shallow-water", *FAST, "--output", str(out)]) == 2  # unfinished: kept
+    err = capsys.readouterr().err
+    assert f"--output {str(out)!r} holds an unfinished run (status 'stopped: at step" in err
+    assert "continue it with --resume, or pass --overwrite" in err
+    assert out.read_bytes() == before
+    assert main(["shallow-water", *FAST, "--output", str(out), "--resume", "--overwrite"]) == 2
+    assert "--resume and --overwrite exclude each other" in capsys.readouterr().err
+    assert out.read_bytes() == before
+    assert main(["shallow-water", *FAST, "--output", str(out), "--overwrite"]) == 0
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["status"] == "complete" and ds.sizes["time"] == 3
+    data = tmp_path / "data.h5"  # someone's own file
+    data.write_bytes(b"not physjax")
+    assert main(["shallow-water", *FAST, "--output", str(data)]) == 2
+    assert "exists and is not a physjax output file; pass --overwrite" in capsys.readouterr().err
+    assert data.read_bytes() == b"not physjax"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.h5", "o.h5"]  # no lock left
+
+
+def test_a_second_writer_of_the_same_file_is_refused(tmp_path, capsys):
+    from physjax.io import output_lock
+
+    out = tmp_path / "w.h5"
+    assert main(["shallow-water", *FAST, "--max-frames", "1", "--output", str(out)]) == 0
+    before = out.read_bytes()
+    with output_lock(out):  # as a run of another process holds it
+        for extra in (["--resume"], ["--overwrite", *FAST]):
+            capsys.readouterr()
+            assert main(["shallow-water", "--quiet", "--output", str(out), *extra]) == 2
+            err = capsys.readouterr().err
+            assert f"{str(out)!r} is being written by another physjax process (pid " in err
+            assert out.read_bytes() == before
+    assert main(["shallow-water", "--quiet", "--output", str(out), "--resume"]) == 0
+
+
+def test_resume_refuses_a_failed_run_and_leaves_it_as_it_was(tmp_path, capsys):
+    out = tmp_path / "f.h5"
+    blow_up = ["--n", "16", "--t-end", "200000", "--dt", "5000", "--no-cfl-check"]
+    assert main(["shallow-water", *blow_up, "--quiet", "--output", str(out)]) == 3
+    before = out.read_bytes()
+    capsys.readouterr()
+    assert main(["shallow-water", "--output", str(out), "--resume", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"--resume: the run in {str(out)!r} failed (failed: NaN/Inf or h <= 0 at step" in err
+    assert out.read_bytes() == before
+
+
+def test_resume_takes_a_one_device_layout_as_one_device(tmp_path):
+    out = tmp_path / "d.h5"
+    assert main(["shallow-water", *FAST, "--max-frames", "2", "--output", str(out)]) == 0
+    assert main(["shallow-water", "--output", str(out), "--resume", "--devices", "1x1"]) == 0
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["status"] == "complete"
+
+
+@pytest.mark.parametrize(
+    "key, option", [("nx", "--nx"), ("precision", "--precision"), ("t_end", "--t-end")]
+)
+def test_param_refuses_settings_with_options_of_their_own(tmp_path, capsys, key, option):
+    value = "'float64'" if key == "precision" else "10"
+    assert (
+        main(
+            [
+                "shallow-water",
+                *FAST,
+                "--param",
+                f"{key}={value}",
+                "--output",
+                str(tmp_path / "p.h5"),
+            ]
+        )
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert f"--param {key}: {key} is not a physical parameter here; set it with {option}" in err
+    assert not (tmp_path / "p.h5").exists()

@@ -344,7 +344,11 @@ def test_vmap_over_ensemble_equals_loop():
         ({"ny": -4}, "ny must be a positive integer"),
         ({"mean_depth": -10.0}, "mean_depth must be > 0"),
         ({"mean_depth": 0.0}, "mean_depth must be > 0"),
-        ({"step_height": -200.0}, "layer thickness h must be > 0"),
+        (
+            {"step_height": -200.0},
+            r"^case 'geostrophic-adjustment' with step_height=-200\.0 gives no valid initial "
+            r"state: layer thickness h must be > 0",
+        ),
         ({"bogus": 1.0}, "unknown parameter"),
     ],
 )

@@ -416,3 +416,10 @@ def test_zonal_jet_end_time_follows_the_coriolis_parameter():
     assert still.t_end == pytest.approx(20 * np.pi / 1e-4)
     # other cases keep their fixed default
     assert make_case("gravity-wave", nx=8, ny=8, coriolis=5e-5).t_end == 86400.0
+
+
+def test_an_integer_for_a_float_parameter_is_kept_as_a_float():
+    """Written to the file as the float it stands for (a config's ``mean_depth = 50``)."""
+    case = make_case("gravity-wave", nx=8, ny=8, mean_depth=50, mode_x=2)
+    assert type(case.parameters["mean_depth"]) is float and case.parameters["mean_depth"] == 50.0
+    assert type(case.parameters["mode_x"]) is int  # an integer parameter stays one

@@ -16,10 +16,19 @@ from ._netcdf import (
     NetCDFWriter as NetCDFWriter,
 )
 from ._netcdf import (
+    OutputLocked as OutputLocked,
+)
+from ._netcdf import (
+    OutputSpaceError as OutputSpaceError,
+)
+from ._netcdf import (
     Variable as Variable,
 )
 from ._netcdf import (
     check_writable as check_writable,
+)
+from ._netcdf import (
+    output_lock as output_lock,
 )
 from ._netcdf import (
     read_attrs as read_attrs,

@@ -20,13 +20,21 @@ all its variables are written: ``n_frames`` is raised last, and a trailing frame
 The writer takes HDF5's file lock while it writes; when a reader holds the file open (say an
 ``xarray.open_dataset`` of a running output, whose lock would make the append fail), it
 writes without the lock from then on, so that looking at a running file never stops the run.
+
+A full disk is caught before it can damage the file: HDF5 does not report every failed
+write (some surface only as warnings, and a file whose metadata could not be written no
+longer opens), so the writer checks the free space before it creates the file and before
+every frame, and raises [`OutputSpaceError`][] while the file is still whole.
+[`output_lock`][] keeps two processes from writing one file at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -41,6 +49,90 @@ STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"
 STATUS_INTERRUPTED = "interrupted"
 STATUS_STOPPED = "stopped"
+
+#: Free space kept in hand beyond twice the bytes to be written: HDF5's metadata and chunk
+#: index grow with the file.
+_SPACE_MARGIN = 1 << 20
+
+
+class OutputSpaceError(OSError):
+    """The output's disk has too little free space for the next write. Raised before the
+    write, so the file still holds every frame written before, whole."""
+
+
+class OutputLocked(ValueError):
+    """Another process is writing the same output file."""
+
+
+def _require_space(path: str, nbytes: int, what: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:  # a file system that does not say: let the write find out
+        return
+    need = 2 * nbytes + _SPACE_MARGIN
+    if free < need:
+        raise OutputSpaceError(
+            f"only {_size(free)} free on the disk of {path!r}; {what} needs {_size(nbytes)} "
+            f"(with room kept for HDF5's metadata: {_size(need)})"
+        )
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n} B"  # pragma: no cover
+
+
+@contextlib.contextmanager
+def output_lock(path: str | os.PathLike):
+    """Hold an exclusive lock on writing ``path`` for the duration of the block, or raise
+    [`OutputLocked`][] at once if another process holds it.
+
+    The lock is an advisory ``flock`` on a hidden file beside the output (``.NAME.lock``),
+    not on the output itself, whose HDF5 lock the writer takes and drops at every frame and
+    readers share. The lock dies with its process, so a killed run never leaves the file
+    locked; the lock file is removed when the block ends. Where the file system has no
+    ``flock`` (or on a platform without ``fcntl``) the block runs unlocked."""
+    given = os.fspath(path)
+    path = os.path.abspath(given)
+    lock = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock")
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on Linux/macOS
+        yield
+        return
+    try:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:  # a read-only folder: the write will say so itself
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            raise OutputLocked(
+                f"{given!r} is being written by another physjax process"
+                f"{f' ({owner})' if owner else ''}; wait for it to end, or give another --output"
+            ) from None
+        except OSError:  # no flock on this file system
+            os.close(fd)
+            fd = -1
+            yield
+            return
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}".encode(), 0)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                os.remove(lock)
+    finally:
+        if fd >= 0:
+            os.close(fd)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +240,7 @@ class NetCDFWriter:
         # Written under a temporary name and moved into place: an error or an interrupt
         # while creating leaves neither a half-made file nor the temporary one.
         tmp = self.path + ".partial"
+        _require_space(self.path, self._frame_bytes(False) + self._frame_bytes(True), "a new file")
         try:
             self._write_new(tmp, attrs)
             os.replace(tmp, self.path)
@@ -228,6 +321,7 @@ class NetCDFWriter:
         missing = [n for n, v in self.variables.items() if v.time_dependent and n not in fields]
         if missing:
             raise ValueError(f"frame lacks variables {missing}")
+        _require_space(self.path, self._frame_bytes(), "a frame")
         for name, value in fields.items():  # before anything is written
             if name in self.variables and np.shape(value) != self.grid.shape:
                 raise ValueError(
@@ -244,6 +338,11 @@ class NetCDFWriter:
                     f[name][n] = np.asarray(value)
             f.attrs["n_frames"] = n + 1
         return n + 1
+
+    def _frame_bytes(self, time_dependent: bool = True) -> int:
+        cell = np.dtype(self.grid.dtype).itemsize * int(np.prod(self.grid.shape))
+        n = sum(v.time_dependent == time_dependent for v in self.variables.values())
+        return n * cell + 16
 
     def write_static(self, fields: Mapping[str, Any]) -> None:
         """Write the variables that have no time dimension."""

@@ -440,6 +440,8 @@ def make_case(
     parameters = {key: _number_of(value) for key, value in parameters.items()}
     for key, value in parameters.items():
         _check_type(key, value, spec.defaults[key])
+        if isinstance(spec.defaults[key], float):  # 0 for a float parameter is 0.0, and kept so
+            parameters[key] = float(value)
     if precision not in ("float32", "float64"):
         raise ValueError(f"precision must be 'float32' or 'float64', got {precision!r}")
     if precision == "float64":
@@ -465,6 +467,12 @@ def make_case(
             raise ValueError(f"grid size {axis} must be a positive integer, got {n!r}")
     _positive(p, "Lx", "Ly", "t_end")
     grid = Grid((ny, nx), (p["Ly"], p["Lx"]), periodic=_PERIODIC[name], dtype=precision)
-    model, state = spec.build(grid, p)
+    try:
+        model, state = spec.build(grid, p)
+    except ValueError as e:
+        if not parameters or any(key in str(e) for key in parameters):
+            raise  # nothing changed, or the message names what did
+        given = ", ".join(f"{k}={v!r}" for k, v in parameters.items())
+        raise ValueError(f"case {name!r} with {given} gives no valid initial state: {e}") from None
     params = {"nx": int(nx), "ny": int(ny), "precision": precision, **p}
     return Case(name, spec.description, model, state, float(p["t_end"]), params)
