@@ -139,6 +139,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="devices to split the grid over: a count (4) or a layout (2x2)",
     )
     p.add_argument("--output", help="NetCDF4/HDF5 output file (default poisson.h5)")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace an existing --output that is not a physjax file or holds an unfinished "
+        "run (an ended physjax output is replaced without it)",
+    )
     p.add_argument("--plot", help="quick-look PNG of u, the residual and the error")
     p.add_argument("--config", help="TOML file of these settings (keys as the long options)")
     p.add_argument(
@@ -515,9 +521,11 @@ def run(args) -> int:
                 raise ValueError(
                     f"--output {output!r} is the input file of {spec}; writing would destroy it"
                 )
+    from .cli import _check_overwrite
     from .io import check_writable
 
     check_writable(output, "--output")
+    _check_overwrite(output, bool(getattr(args, "overwrite", False)))
     _check_plot_path(s.get("plot"), output=output)
 
     import jax

@@ -493,7 +493,7 @@ def _check_overwrite(output: str, overwrite: bool) -> None:
     if status != STATUS_COMPLETE and not status.startswith("failed"):
         raise ValueError(
             f"--output {output!r} holds an unfinished run (status {status!r}); continue it "
-            f"with --resume, or pass --overwrite to start it again"
+            f"with --resume, or pass --overwrite to replace it"
         )
 
 

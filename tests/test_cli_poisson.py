@@ -482,3 +482,23 @@ def test_rhs_skips_an_incomplete_trailing_frame(tmp_path, capsys):
     )
     assert code == 2 and not out.exists()
     assert "--frame 2 is out of range" in capsys.readouterr().err
+
+
+def test_output_replaces_a_physjax_file_but_not_someone_elses(tmp_path, capsys):
+    small = ["--nx", "16", "--ny", "16"]
+    code, out = _poisson(tmp_path, *small)
+    assert code == 0
+    assert _poisson(tmp_path, *small, "--case", "dirichlet")[0] == 0  # its own: replaced
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["case"] == "dirichlet"
+    data = tmp_path / "mine.h5"
+    with h5py.File(data, "w") as f:
+        f["x"] = np.arange(3.0)
+    before = data.read_bytes()
+    capsys.readouterr()
+    assert _poisson(tmp_path, *small, name="mine.h5")[0] == 2
+    assert "exists and is not a physjax output file; pass --overwrite" in capsys.readouterr().err
+    assert data.read_bytes() == before
+    assert _poisson(tmp_path, *small, "--overwrite", name="mine.h5")[0] == 0
+    with xr.open_dataset(data) as ds:
+        assert ds.attrs["status"] == "complete" and "u" in ds

@@ -675,3 +675,32 @@ def test_float32_iterations_reach_working_precision(method, bc):
     true = float(jnp.linalg.norm(solver.residual(sol.u, b)) / jnp.linalg.norm(b))
     assert true > 1e-5  # the residual floor is above rtol: rtol alone could not stop it
     assert abs(float(sol.residual_norm) - true) <= 0.05 * true
+
+
+def test_nan_in_f_of_a_singular_problem_is_refused_at_any_size():
+    """The check's max |f| is a vectorised reduction, which on XLA:CPU drops NaN for arrays
+    of more than a few rows (64²: it returns the max of the rest); the mean keeps it."""
+    bad = np.zeros((64, 64))
+    bad[1, 2] = np.nan
+    for bc, periodic in (("periodic", True), ("neumann", False)):
+        grid = _grid((64, 64), periodic)
+        for method in ("spectral", "multigrid", "cg"):
+            with pytest.raises(ValueError, match="f contains NaN or Inf"):
+                PoissonSolver(grid, bc, method)(bad)
+        solver = PoissonSolver(grid, bc)
+        with pytest.raises(Exception, match="f contains NaN or Inf"):  # inside jit: error_if
+            jax.block_until_ready(jax.jit(lambda f, s=solver: s(f))(bad))
+
+
+def test_max_coarse_below_the_default_stop_is_reached():
+    """Halving goes on below 256 cells when max_coarse asks for fewer."""
+    grid = _grid((64, 64), False)
+    f = np.random.default_rng(7).normal(size=grid.shape)
+    ref = solve(f, grid, "dirichlet", "spectral")
+    for max_coarse in (4, 64, 100):
+        solver = PoissonSolver(grid, "dirichlet", "multigrid", max_coarse=max_coarse, rtol=1e-12)
+        assert solver.levels[-1].grid.size <= max_coarse
+        sol = solver.solve(f)
+        assert bool(sol.converged) and _rel(sol.u, ref) <= 1e-9, max_coarse
+    with pytest.raises(ValueError, match=r"does not reach a level of ≤ max_coarse=1 cells"):
+        PoissonSolver(grid, "dirichlet", "multigrid", max_coarse=1)

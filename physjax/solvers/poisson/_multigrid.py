@@ -136,7 +136,7 @@ def _coarsen(grid: Grid, max_coarse: int):
         halvable = (
             any(halved)
             and all(n % 2 == 0 and n >= 4 for n, c in zip(g.shape, halved) if c)
-            and g.size > COARSE_TARGET
+            and g.size > min(COARSE_TARGET, max_coarse)
         )
         if not halvable and line is None and g.size > max_coarse:
             line = line_axis_for(g)

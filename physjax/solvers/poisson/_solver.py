@@ -92,7 +92,8 @@ class PoissonSolver(eqx.Module):
     - `smoothing`: red–black Gauss–Seidel sweeps ``(before, after)`` the coarse correction
       (default ``(2, 2)``); equal counts for ``"cg"``, whose preconditioner must be symmetric.
     - `max_coarse`: most cells on the coarsest level, solved by a dense inverse (default
-      1024). Grids that cannot be halved down to that size are rejected.
+      1024). Halving stops at 256 cells or at ``max_coarse``, whichever is smaller; grids
+      that cannot be halved down to ``max_coarse`` cells are rejected.
     - `compatibility`: for problems without Dirichlet axes (periodic/Neumann), ``"check"``
       (default) raises when the mean of ``f`` is not zero to round-off; ``"project"``
       subtracts the mean of ``f`` first (solving ∇·(a∇u) = f - ⟨f⟩).
@@ -356,12 +357,13 @@ class PoissonSolver(eqx.Module):
         tol = PoissonSolver._mean_tolerance(f)
         if is_concrete(mean):
             mean, scale = (float(v) for v in jax.device_get((mean, scale)))  # one fetch
-            if not np.isfinite(scale):
+            # NaN: the mean tells (a sum keeps it); XLA:CPU's vectorised max may drop it
+            if not (np.isfinite(scale) and np.isfinite(mean)):
                 raise ValueError(self._NOT_FINITE)
             if abs(mean) > tol * scale:
                 raise ValueError(f"{self._INCOMPATIBLE} (mean {mean:.3g}, max |f| {scale:.3g})")
             return x
-        x = eqx.error_if(x, ~jnp.isfinite(scale), self._NOT_FINITE)
+        x = eqx.error_if(x, ~(jnp.isfinite(scale) & jnp.isfinite(mean)), self._NOT_FINITE)
         return eqx.error_if(x, jnp.abs(mean) > tol * scale, self._INCOMPATIBLE)
 
     def _compatible(self, f: jax.Array, prechecked: bool = False, project: bool = True):
