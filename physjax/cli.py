@@ -430,6 +430,12 @@ def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dic
         was = stored.get(key)
         if key == "dt" and stored.get("dt_requested") is not None:
             was = stored["dt_requested"]
+        elif key == "dt" and stored.get("cfl") is not None:  # a run that chose its dt
+            raise ValueError(
+                f"--resume continues {output!r} with the configuration stored in it; "
+                f"--dt {value!r} differs from the stored run, which chose dt from --cfl "
+                f"{stored['cfl']!r} (leave it out, or start a new run)"
+            )
         if key == "devices":  # 4, "4", "2x2", [2, 2]: compared as layouts
             differs = not same(layout(value), layout(was))
         else:

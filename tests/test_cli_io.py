@@ -648,6 +648,11 @@ def test_resume_compares_cfl_with_the_stored_one(tmp_path, capsys):
     assert cfl_run.read_bytes() == before
     assert main([*resume, str(dt_run), "--cfl", "0.5"]) == 2
     assert "which was given --dt 100.0" in capsys.readouterr().err
+    with xr.open_dataset(cfl_run) as ds:  # even the very dt the run chose: not what it asked
+        chosen = json.loads(ds.attrs["configuration"])["dt"]
+    assert main([*resume, str(cfl_run), "--dt", repr(chosen)]) == 2
+    assert "which chose dt from --cfl 0.5" in capsys.readouterr().err
+    assert cfl_run.read_bytes() == before
     assert main([*resume, str(cfl_run), "--cfl", "0.5"]) == 0
     with xr.open_dataset(cfl_run) as ds, xr.open_dataset(dt_run) as dsdt:
         assert ds.attrs["status"] == "complete" and ds["time"].values[-1] == 3000
