@@ -606,6 +606,7 @@ def _run_shallow_water(
     import jax.numpy as jnp
 
     from ._runner import RunInterrupted, SimulationBlewUp, drive, to_numpy
+    from ._runner import _all_finite as all_finite
     from .parallel import make_mesh, shard
     from .solvers.shallow_water import make_case
 
@@ -706,8 +707,7 @@ def _run_shallow_water(
 
     @jax.jit
     def healthy(state):  # finite, and a layer thickness that stays positive
-        finite = jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(state)]))
-        return finite & (jnp.min(state.h) > 0)
+        return all_finite(state) & (jnp.min(state.h) > 0)
 
     def fields_of(state):
         return {

@@ -224,3 +224,52 @@ def test_interior_keeps_batch_axes_and_zeros_is_local():
     h = jnp.ones((8, 8), jnp.float32)
     z = shard_map_fields(lambda grid, h: h + grid.zeros(), g, mesh)(h)
     assert z.shape == (8, 8) and float(jnp.abs(z - 1).max()) == 0
+
+
+def test_laplacian_keeps_leading_batch_axes():
+    """Batch axes lead, as for the other stencils: the grid's axes are the trailing ones."""
+    grid = Grid((4, 6), (4.0, 12.0), periodic=(False, True), dtype="float64")
+    y, x = grid.mesh_coordinates(CENTRE)
+    p = fill_halo(jnp.asarray(x**2 + 3 * y**3), grid)
+    one = interior(laplacian(p, grid), grid)
+    both = interior(laplacian(jnp.stack([p, 2 * p]), grid), grid)
+    assert float(jnp.max(jnp.abs(both[0] - one))) == 0.0
+    assert float(jnp.max(jnp.abs(both[1] - 2 * one))) == 0.0
+    # interior x-periodic rows of x² + 3y³ away from the x-wrap: 2 + 18 y exactly
+    yc = grid.coordinates("y")[1:-1, None]
+    assert np.allclose(np.asarray(one)[1:-1, 1:-1], 2 + 18 * yc, rtol=0, atol=1e-9)
+    with pytest.raises(ValueError, match=r"at least the grid's 2 axes"):
+        laplacian(jnp.zeros(6), grid)
+
+
+def test_coordinates_refuse_a_misspelt_or_short_location():
+    grid = Grid((3, 4), (3.0, 4.0))
+    g3 = Grid((2, 3, 4), (2.0, 3.0, 4.0))
+    with pytest.raises(ValueError, match=r'stagger must give "centre" or "face"'):
+        grid.local_coordinates("x", "center")  # was taken for a face
+    with pytest.raises(ValueError, match=r'location must give "centre" or "face" for each of'):
+        g3.mesh_coordinates(CENTRE)  # a 2-D location on a 3-D grid
+    with pytest.raises(ValueError, match="for each of the 2 axes"):
+        grid.mesh_coordinates(("centre",))
+    z, y, x = g3.mesh_coordinates(("centre", "centre", "face"))
+    assert z.shape == y.shape == x.shape == (2, 3, 4) and x[0, 0, 1] == 1.0
+    assert np.array_equal(grid.local_coordinates("x", "centre"), [0.5, 1.5, 2.5, 3.5])
+    # a NumPy integer is an integer, as everywhere else
+    assert fill_halo(jnp.zeros((3, 4)), grid, width=np.int64(1)).shape == (5, 6)
+
+
+def test_a_float64_model_needs_x64():
+    """Without x64 jax makes float64 arrays float32 with a warning only; the model said so
+    only at run time, blaming the state."""
+    from physjax.solvers import ShallowWater
+
+    grid = Grid((8, 8), (1e5, 1e5), periodic=True, dtype="float64")
+    with pytest.raises(ValueError, match="grid.dtype is float64 but jax_enable_x64 is off"):
+        with jax.enable_x64(False):
+            ShallowWater(grid, gravity=9.81, coriolis=1e-4)
+
+
+def test_make_mesh_takes_a_0d_array_as_a_count():
+    assert dict(make_mesh(np.array(4)).shape) == dict(make_mesh(4).shape) == {"y": 2, "x": 2}
+    with pytest.raises(ValueError, match="devices must be a number of devices or a layout"):
+        make_mesh(np.array(2.5))

@@ -45,6 +45,17 @@ def check_location(location, ndim: int, what: str = "location") -> tuple[str, ..
     return loc
 
 
+def require_enabled_dtype(grid: Grid) -> None:
+    """Refuse a float64 grid while ``jax_enable_x64`` is off: jax would make its arrays
+    float32 with no more than a warning, and a solver built on it compute in float32."""
+    if grid.dtype == "float64" and not jax.config.jax_enable_x64:
+        raise ValueError(
+            "grid.dtype is float64 but jax_enable_x64 is off (arrays would silently be "
+            "float32): call jax.config.update('jax_enable_x64', True) first, or use a "
+            "float32 grid"
+        )
+
+
 def _axis_names(ndim: int) -> tuple[str, ...]:
     return AXIS_NAMES_2D if ndim == 2 else AXIS_NAMES_3D
 
@@ -235,6 +246,7 @@ class Grid(eqx.Module):
 
     def mesh_coordinates(self, location: Sequence[Stagger]) -> tuple[np.ndarray, ...]:
         """Global coordinate arrays of a location, broadcast to full field shape (``ij``)."""
+        location = check_location(location, self.ndim)
         axes = [self.coordinates(name, s) for name, s in zip(self.axis_names, location)]
         return tuple(np.meshgrid(*axes, indexing="ij"))
 
@@ -317,6 +329,7 @@ class Grid(eqx.Module):
 
         Works alike outside ``shard_map`` (the whole grid) and inside it (one block).
         """
+        check_location((stagger,), 1, "stagger")
         a = self.axis(name)
         offset = 0.5 if stagger == "centre" else 0.0
         idx = self.local_index(a, padded).astype(self.dtype)

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ..parallel._halo import exchange_halo
@@ -104,6 +105,8 @@ def fill_halo(
     if len(parity) != nd or not all(p in (1, -1) for p in parity):
         raise ValueError(f"parity must give +1 or -1 for each of the {nd} axes, got {parity!r}")
     width = grid.halo if width is None else width
+    if isinstance(width, np.integer):
+        width = int(width)
     if isinstance(width, bool) or not isinstance(width, int) or width < 1:
         raise ValueError(f"width must be a positive integer, got {width!r}")
     for axis, (n, s) in enumerate(zip(field.shape, location)):

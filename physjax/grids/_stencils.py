@@ -118,9 +118,13 @@ def interp_z_f2c(f: jax.Array) -> jax.Array:
 
 
 def laplacian(f: jax.Array, grid: Grid) -> jax.Array:
-    """Five-point (2-D) or seven-point (3-D) Laplacian of a halo-padded field, any location."""
+    """Five-point (2-D) or seven-point (3-D) Laplacian of a halo-padded field, any location.
+    The grid's axes are the trailing ones of ``f``; leading (batch) axes are kept."""
+    if f.ndim < grid.ndim:
+        raise ValueError(f"f must have at least the grid's {grid.ndim} axes, got shape {f.shape}")
     out = jnp.zeros_like(f)
-    for axis in range(grid.ndim):
-        d2 = grid.spacing[axis] ** 2
+    for k in range(grid.ndim):
+        axis = k - grid.ndim  # counted from the end, as the other stencils do
+        d2 = grid.spacing[k] ** 2
         out = out + (_fwd(f, axis) - 2 * f + _back(f, axis)) / d2
     return out

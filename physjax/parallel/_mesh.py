@@ -48,6 +48,8 @@ def make_mesh(devices: int | Sequence[int] | None = None, ndim: int = 2) -> Mesh
     available = jax.devices()
     if devices is None:
         devices = len(available)
+    if isinstance(devices, np.ndarray) and devices.ndim == 0:  # np.array(4) is a count
+        devices = devices[()]
     if isinstance(devices, (int, np.integer)) and not isinstance(devices, bool):
         if devices < 1:
             raise ValueError(f"devices must be a positive integer, got {devices}")

@@ -16,6 +16,7 @@ from jaxtyping import Array, Float
 
 from ..._custom_types import is_concrete
 from ...grids import Grid
+from ...grids._grid import require_enabled_dtype
 from ...parallel import decompose, field_spec
 from . import _multigrid as mg
 from ._operator import (
@@ -150,12 +151,7 @@ class PoissonSolver(eqx.Module):
             raise ValueError(f"grid must be a physjax.grids.Grid, got {type(grid).__name__}")
         if grid.is_sharded:
             raise ValueError("grid must be undecomposed; pass the device layout as mesh=")
-        if grid.dtype == "float64" and not jax.config.jax_enable_x64:
-            raise ValueError(
-                "grid.dtype is float64 but jax_enable_x64 is off (arrays would silently be "
-                "float32): call jax.config.update('jax_enable_x64', True) first, or use a "
-                "float32 grid"
-            )
+        require_enabled_dtype(grid)
         self.bc = normalise_bc(bc, grid)
         if method == "auto":
             method = "spectral" if coefficient is None else "cg"
