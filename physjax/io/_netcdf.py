@@ -118,21 +118,18 @@ def output_lock(path: str | os.PathLike):
                 f"{given!r} is being written by another physjax process"
                 f"{f' ({owner})' if owner else ''}; wait for it to end, or give another --output"
             ) from None
-        except OSError:  # no flock on this file system
-            os.close(fd)
-            fd = -1
-            yield
-            return
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}".encode(), 0)
+        except OSError:  # no flock on this file system: unlocked
+            pass
+        else:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}".encode(), 0)
         try:
             yield
         finally:
             with contextlib.suppress(OSError):
                 os.remove(lock)
     finally:
-        if fd >= 0:
-            os.close(fd)
+        os.close(fd)
 
 
 @dataclasses.dataclass(frozen=True)
