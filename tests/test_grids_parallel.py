@@ -71,6 +71,19 @@ def test_grid_rejects_bad_input(kwargs, match):
         Grid(**kwargs)
 
 
+def test_a_traced_extent_or_origin_is_refused_by_name():
+    # jax.grad with respect to the domain length used to fail with a TracerArrayConversionError
+    def length(L):
+        return Grid((4, 4), (L, L), dtype="float64").spacing[0]
+
+    with pytest.raises(ValueError, match="extent must be fixed numbers, got a traced value"):
+        jax.grad(length)(1.0)
+    with pytest.raises(ValueError, match="extent must be fixed numbers"):
+        jax.jit(lambda e: Grid((4, 4), e).dx)(jnp.ones(2))
+    with pytest.raises(ValueError, match="origin must be fixed numbers"):
+        jax.jit(lambda o: Grid((4, 4), (1.0, 1.0), origin=(o, 0.0)).dx)(0.5)
+
+
 def test_fill_halo_periodic_and_walls():
     f = jnp.arange(12.0).reshape(3, 4)
     p = fill_halo(f, Grid((3, 4), (1, 1), periodic=True, dtype="float64"))

@@ -369,6 +369,17 @@ def test_bad_input_errors():
         PoissonSolver(_grid((8, 33, 32), False, (100.0, 5e5, 5e5)), "neumann", "cg")
     with pytest.raises(ValueError, match="coefficient must be finite and > 0"):
         PoissonSolver(walls, "dirichlet", "cg", coefficient=-np.ones((16, 16)))
+    for rtol, atol in ((-1e-8, 0.0), (1.0, 0.0), (0.0, 0.0), (1e-8, -1.0)):
+        with pytest.raises(ValueError, match="need 0 ≤ rtol < 1 and atol ≥ 0"):
+            PoissonSolver(walls, "dirichlet", "cg", rtol=rtol, atol=atol)
+    with pytest.raises(ValueError, match="rtol must be finite"):
+        PoissonSolver(walls, "dirichlet", "cg", rtol=np.nan)
+    # a traced tolerance: the message names it, not a tracer's bool conversion
+    with pytest.raises(ValueError, match="rtol must be a Python or NumPy number"):
+        jax.jit(lambda r: PoissonSolver(walls, "dirichlet", "cg", rtol=r)(np.ones((16, 16))))(1e-8)
+    with pytest.raises(ValueError, match="atol must be a Python or NumPy number"):
+        PoissonSolver(walls, "dirichlet", "cg", atol=jnp.asarray(1e-12))
+    assert PoissonSolver(walls, "dirichlet", "cg", rtol=np.array(1e-6)).rtol == 1e-6
     with pytest.raises(ValueError, match="coefficient must have the grid's shape"):
         PoissonSolver(walls, "dirichlet", "cg", coefficient=np.ones((8, 8)))
     with pytest.raises(ValueError, match="coefficient is not supported by method='spectral'"):

@@ -63,6 +63,14 @@ def test_non_finite_model_parameters_are_refused(name, value):
         ShallowWater(g, **{name: value})
 
 
+def test_a_grid_with_a_wider_halo_is_refused():
+    # the tendency is written for a one-cell halo; halo=2 used to fail inside rhs/run with a
+    # broadcasting error
+    g = Grid((8, 8), (8e5, 8e5), dtype="float64", halo=2)
+    with pytest.raises(ValueError, match=r"must have halo=1, got halo=2"):
+        ShallowWater(g)
+
+
 def test_non_finite_fields_are_refused():
     g = Grid((8, 12), (1e6, 1e6), periodic=(False, True), dtype="float64")
     one_nan = np.zeros(g.shape)

@@ -29,6 +29,14 @@ _DTYPES = ("float32", "float64")
 
 def _as_tuple(name: str, value, what: str) -> tuple:
     """``value`` as a tuple, refusing a single number or string by name."""
+    if isinstance(value, jax.core.Tracer) or (
+        isinstance(value, (tuple, list)) and any(isinstance(v, jax.core.Tracer) for v in value)
+    ):
+        raise ValueError(
+            f"{name} must be fixed numbers, got a traced value: a grid's geometry is static "
+            "(it sets array shapes and stencil constants), so it cannot be an argument of "
+            "jax.jit/grad/vmap; build the Grid outside the transformed function"
+        )
     if isinstance(value, (str, bytes)) or not hasattr(value, "__iter__"):
         raise ValueError(f"{name} must be a sequence of {what}, got {value!r}")
     return tuple(value)

@@ -195,6 +195,21 @@ class PoissonSolver(eqx.Module):
             raise ValueError(f"max_coarse must be a positive integer, got {max_coarse!r}")
         if rtol is None:
             rtol = 1e-10 if grid.dtype == "float64" else 1e-5
+        for name, value in (("rtol", rtol), ("atol", atol)):
+            # static settings of the solve (they pick the stopping rule), not traced values
+            if isinstance(value, np.ndarray) and value.ndim == 0:
+                value = value.item()
+            if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+                raise ValueError(
+                    f"{name} must be a Python or NumPy number (a fixed setting of the solver, "
+                    f"not an array or a traced value), got {value!r}"
+                )
+            if not np.isfinite(value):
+                raise ValueError(f"{name} must be finite, got {value!r}")
+            if name == "rtol":
+                rtol = value
+            else:
+                atol = value
         if not (0 <= rtol < 1) or atol < 0 or rtol == atol == 0:
             raise ValueError(f"need 0 ≤ rtol < 1 and atol ≥ 0, not both 0; got {rtol}, {atol}")
         self.grid = grid

@@ -252,6 +252,11 @@ class ShallowWater(eqx.Module):
         if not isinstance(grid, Grid) or grid.ndim != 2:
             raise TypeError(f"grid must be a 2-D physjax.grids.Grid, got {grid!r}")
         require_enabled_dtype(grid)
+        if grid.halo != 1:
+            raise ValueError(
+                f"the shallow-water stencils use a one-cell halo: the grid must have halo=1, "
+                f"got halo={grid.halo} (Grid(..., halo=1), the default)"
+            )
         if boundary not in ("free-slip", "no-slip"):
             raise ValueError(f"boundary must be 'free-slip' or 'no-slip', got {boundary!r}")
         if scheme not in SCHEMES or scheme == "euler":
@@ -532,10 +537,19 @@ class ShallowWater(eqx.Module):
         u = fill_halo(state.u, g, X_FACE, parity=(self._tangential_parity(), -1))
         v = fill_halo(state.v, g, Y_FACE, parity=(-1, self._tangential_parity()))
         kinetic = interior(0.5 * (interp_x_f2c(u * u) + interp_y_f2c(v * v)), g)
-        pe = 0.5 * self.gravity * state.h**2
+        # As in `mass`: h = r + η about one reference value r, so that the large, nearly
+        # uniform part ½ g r² + g r η (+ g r b) is summed as Σ η (and Σ b) and only small
+        # terms are summed cell by cell; a plain float32 sum of ½ g h² loses more digits
+        # than a step changes the energy.
+        gravity = self.gravity
+        ref = state.h.reshape(-1)[0]
+        eta = state.h - ref
+        local = state.h * kinetic + 0.5 * gravity * eta * eta
+        uniform = gravity * ref * (0.5 * ref * state.h.size + jnp.sum(eta))
         if self.bottom is not None:
-            pe = pe + self.gravity * state.h * self.bottom
-        return jnp.sum(state.h * kinetic + pe) * g.cell_volume
+            local = local + gravity * eta * self.bottom
+            uniform = uniform + gravity * ref * jnp.sum(self.bottom)
+        return (jnp.sum(local) + uniform) * g.cell_volume
 
     def relative_vorticity(self, state: ShallowWaterState) -> Field2D:
         """ζ = ∂v/∂x − ∂u/∂y [s⁻¹] at cell corners (``(j, i)`` at the south-west corner)."""
@@ -794,7 +808,9 @@ class ShallowWater(eqx.Module):
         ``rtol``, ``atol``, ``stepsize_controller``, ``adjoint``, ``dt0``, ``max_steps``).
         The default tolerances are ``rtol=1e-6, atol=1e-8`` for a float64 model and
         ``rtol=1e-4, atol=1e-6`` for a float32 one, whose round-off would otherwise pass for
-        truncation error and shrink the steps far below the stable step.
+        truncation error and shrink the steps far below the stable step. They apply to
+        every field alike (relative to the total depth for ``h``, absolute in m/s for ``u``
+        and ``v``): lower ``atol`` for small-amplitude motions (docs/shallow_water.md).
 
         The model travels to the vector field through diffrax's ``args``, so gradients with
         respect to its parameters work with every adjoint (``diffrax.BacksolveAdjoint``
