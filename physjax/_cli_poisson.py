@@ -555,7 +555,13 @@ def run(args) -> int:
     devices = s["devices"]
     mesh = None
     if devices not in (1, None, (1,) * ndim):
-        mesh = make_mesh(tuple(devices) if isinstance(devices, (list, tuple)) else devices, ndim)
+        try:
+            mesh = make_mesh(
+                tuple(devices) if isinstance(devices, (list, tuple)) else devices, ndim
+            )
+        except ValueError as e:
+            shown = "x".join(map(str, devices)) if isinstance(devices, (list, tuple)) else devices
+            raise ValueError(f"--devices {shown}: {e}") from None
     solver = PoissonSolver(
         grid,
         tuple(bc),

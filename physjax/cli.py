@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import math
 import os
+import re
 import shlex
 import signal
 import sys
@@ -170,13 +171,10 @@ def resolve_settings(
 
 
 def _parse_devices(text: str) -> int | tuple[int, ...]:
-    try:
-        if "x" in text.lower():
-            value = tuple(int(p) for p in text.lower().split("x"))
-        else:
-            value = int(text)
-    except ValueError:
-        value = None
+    parts = text.strip().lower().split("x")
+    value = None
+    if all(re.fullmatch(r"[0-9]+", p) for p in parts):  # not int()'s "1_0", "+4"
+        value = tuple(int(p) for p in parts) if len(parts) > 1 else int(parts[0])
     parts = value if isinstance(value, tuple) else (value,)
     if value is None or any(p < 1 for p in parts):
         raise argparse.ArgumentTypeError(
@@ -205,6 +203,10 @@ def _devices_setting(value) -> int | tuple[int, ...]:
     return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
+def _shown_devices(devices) -> str:
+    return "x".join(str(d) for d in devices) if isinstance(devices, (tuple, list)) else str(devices)
+
+
 def _parse_param(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"--param takes NAME=VALUE, got {text!r}")
@@ -226,8 +228,12 @@ def setup_jax(precision: str, devices) -> None:
     if not _is_int(n) or n < 1:
         raise ValueError(f"--devices must be a positive count or layout, got {devices!r}")
     flags = os.environ.get("XLA_FLAGS", "")
-    if n > 1 and "xla_force_host_platform_device_count" not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} --xla_force_host_platform_device_count={n}".strip()
+    option = "--xla_force_host_platform_device_count"
+    given = re.search(option + r"=([0-9]+)", flags)
+    if n > 1 and given is None:
+        os.environ["XLA_FLAGS"] = f"{flags} {option}={n}".strip()
+    elif n > 1 and int(given.group(1)) < n:  # --devices asks for more: it wins
+        os.environ["XLA_FLAGS"] = flags.replace(given.group(0), f"{option}={n}")
     import jax
 
     if precision == "float64":
@@ -420,9 +426,11 @@ def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dic
         norm = lambda v: list(v) if isinstance(v, (tuple, list)) else v  # noqa: E731
         return norm(a) == norm(b)
 
-    def layout(v):  # one device is one device, whether written 1, "1x1" or [1, 1]
+    def layout(v):  # 4, "2x2" and [2, 2] are one layout (make_mesh's for a count)
+        from .parallel._mesh import _default_layout
+
         v = _devices_setting(v)
-        return 1 if math.prod(v if isinstance(v, tuple) else (v,)) == 1 else v
+        return tuple(v) if isinstance(v, (tuple, list)) else _default_layout(int(v), 2)
 
     for key, value in given.items():
         if key in _RESUME_FREE or value is None:
@@ -451,6 +459,10 @@ def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dic
                     if stored.get("dt_requested") is not None
                     else f"the stored dt {stored.get('dt')!r} (the file records no --cfl)"
                 )
+            elif key == "devices":
+                shown = "x".join(str(d) for d in layout(value))
+                option = f"--devices {value!r} (layout {shown})"
+                was = f"the stored layout {'x'.join(str(d) for d in layout(was))}"
             else:
                 option = f"--{key.replace('_', '-')} {value!r}"
                 was = f"the stored {was!r}" if key in stored else f"the stored run (no {key})"
@@ -670,7 +682,12 @@ def _run_shallow_water(
     mesh = None
     if devices != 1:
         n_dev = math.prod(devices) if isinstance(devices, (tuple, list)) else int(devices)
-        mesh = make_mesh(tuple(devices) if isinstance(devices, (tuple, list)) else n_dev, ndim=2)
+        try:
+            mesh = make_mesh(
+                tuple(devices) if isinstance(devices, (tuple, list)) else n_dev, ndim=2
+            )
+        except ValueError as e:
+            raise ValueError(f"--devices {_shown_devices(devices)}: {e}") from None
         model.check_mesh(mesh)  # the mesh divides the grid, walls keep 2 cells per device
 
     output = output or f"{case_name}.h5"

@@ -113,6 +113,8 @@ def test_wrong_parameter_type_on_the_command_line(tmp_path, capsys):
     [
         (["--devices", "0"], "--devices takes a count like 4 or a layout like 2x2 of positive"),
         (["--devices", "0x2"], "--devices takes a count like 4 or a layout like 2x2 of positive"),
+        (["--devices", "1_0"], "--devices takes a count like 4 or a layout like 2x2 of positive"),
+        (["--devices", "2x2x1"], r"--devices 2x2x1: a device layout needs 2 positive entries"),
         (["--max-frames", "0"], "--max-frames must be a positive integer, got 0"),
         (["--max-frames", "-3"], "--max-frames must be a positive integer, got -3"),
         (["--dt", "100", "--cfl", "0.1"], "--dt and --cfl exclude each other"),
@@ -266,3 +268,20 @@ def test_empty_strings_are_refused_not_taken_for_defaults(tmp_path, capsys, sett
     assert code == 2 and match in err
     assert flag == 2 and (match in err2 or "invalid choice" in err2)
     assert sorted(os.listdir(tmp_path)) == ["e.toml"]
+
+
+def test_devices_raise_a_smaller_simulated_device_count_already_in_xla_flags(monkeypatch):
+    # `physjax … --devices 4` sets the simulated device count; one already in XLA_FLAGS that
+    # is too small used to stay and the run stopped with "only 2 available"
+    from physjax.cli import setup_jax
+
+    option = "--xla_force_host_platform_device_count"
+    monkeypatch.setenv("XLA_FLAGS", f"--xla_cpu_foo=1 {option}=2")
+    setup_jax("float32", 4)
+    assert os.environ["XLA_FLAGS"] == f"--xla_cpu_foo=1 {option}=4"
+    monkeypatch.setenv("XLA_FLAGS", f"{option}=8")
+    setup_jax("float32", (2, 2))  # more than asked for: left alone
+    assert os.environ["XLA_FLAGS"] == f"{option}=8"
+    monkeypatch.delenv("XLA_FLAGS")
+    setup_jax("float32", 1)
+    assert "XLA_FLAGS" not in os.environ

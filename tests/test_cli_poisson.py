@@ -326,6 +326,7 @@ def rhs_file(tmp_path):
         (["--rtol", "2"], "--rtol must be a number in (0, 1)"),
         (["--max-iterations", "0"], "--max-iterations must be a positive integer"),
         (["--devices", "3"], "the mesh does not divide the grid: ny=64"),
+        (["--nz", "8", "--devices", "2x2"], "--devices 2x2: a device layout needs 3 positive"),
         (["--plot", "p.jpg"], "--plot must name a .png"),
         (["--rhs", "nofile.h5:f", "--bc", "periodic"], "file 'nofile.h5' does not exist"),
         (["--rhs", "{rhs}:nope", "--bc", "periodic"], "has no variable 'nope'"),

@@ -317,6 +317,33 @@ def test_grad_wrt_coefficient_matches_finite_differences(method):
 
 
 @pytest.mark.multidevice
+def test_checks_of_a_traced_sharded_solve_raise_on_every_device_without_a_gather():
+    # eqx.error_if on the sharded field ran its callback on device 0 only: XLA gathered the
+    # whole field there on every call, and when the check fired the other devices waited at
+    # the next collective until XLA aborted the process (SIGABRT, not an exception).
+    import re
+
+    mesh = make_mesh((2, 2), 2)
+    grid = _grid((32, 32), True)
+    rng = np.random.default_rng(2)
+    f = rng.normal(size=grid.shape)
+    f -= f.mean()
+    for method in ("spectral", "cg"):
+        solver = PoissonSolver(grid, "periodic", method, mesh=mesh)
+        fn = jax.jit(lambda x, s=solver: s(x))
+        text = fn.lower(f).compile().as_text()
+        assert not re.findall(r"f64\[32,32\][^\n]*all-gather\(", text), method
+        assert _rel(fn(f), PoissonSolver(grid, "periodic", method)(f)) <= 1e-12
+        with pytest.raises(Exception, match="f is incompatible"):
+            fn(f + 1.0).block_until_ready()
+    walls = _grid((32, 32), (False, True))
+    stalled = PoissonSolver(
+        walls, ("dirichlet", "periodic"), "multigrid", max_iterations=2, mesh=mesh
+    )
+    with pytest.raises(Exception, match="did not converge within max_iterations=2"):
+        jax.jit(lambda x: stalled(x))(f).block_until_ready()
+
+
 def test_grad_wrt_coefficient_on_a_mesh_equals_one_device():
     """The stopping rule's bound max(a) is a pmax on a mesh, which has no derivative rule:
     it is taken outside the differentiation (before, jax.grad raised NotImplementedError)."""

@@ -66,8 +66,10 @@ def make_mesh(devices: int | Sequence[int] | None = None, ndim: int = 2) -> Mesh
             )
         layout = tuple(int(d) for d in entries)
         if len(layout) != ndim or any(d < 1 for d in layout):
+            axes = "z×y×x" if ndim == 3 else "y×x"
             raise ValueError(
-                f"a device layout needs {ndim} positive entries (one per grid axis), got {devices}"
+                f"a device layout needs {ndim} positive entries, one per grid axis ({axes}), "
+                f"got {devices}"
             )
     n = math.prod(layout)
     if n > len(available):
