@@ -5,6 +5,9 @@ from ._mesh import (
     decompose as decompose,
 )
 from ._mesh import (
+    error_if as error_if,
+)
+from ._mesh import (
     field_spec as field_spec,
 )
 from ._mesh import (

@@ -159,3 +159,25 @@ def shard_map_fields(fn: Callable[..., Any], grid: Grid, mesh: Mesh | None) -> C
         )(arrays)
 
     return wrapped
+
+
+def error_if(x: jax.Array, pred, message: str, grid: Grid, mesh: Mesh | None) -> jax.Array:
+    """``eqx.error_if(x, pred, message)`` for a field ``x`` of ``grid`` (leading batch axes
+    allowed under ``vmap``), safe on a mesh: with several devices it runs inside
+    ``shard_map`` on each device's block with the replicated predicate, so that every device
+    raises at the same point.
+
+    Applied to a sharded field directly, equinox's callback runs on device 0 alone: XLA
+    gathers the whole field there on every call, and when the error fires the other devices
+    wait for it at the next collective until XLA aborts the process.
+    """
+    if mesh is None or mesh.size == 1:
+        return eqx.error_if(x, pred, message)
+    spec = field_spec(grid, mesh)
+    return jax.shard_map(
+        lambda block, p: eqx.error_if(block, p, message),
+        mesh=mesh,
+        in_specs=(spec, PartitionSpec()),
+        out_specs=spec,
+        check_vma=False,
+    )(x, pred)

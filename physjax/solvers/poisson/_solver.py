@@ -17,7 +17,7 @@ from jaxtyping import Array, Float
 from ..._custom_types import is_concrete
 from ...grids import Grid
 from ...grids._grid import require_enabled_dtype
-from ...parallel import decompose, field_spec
+from ...parallel import decompose, error_if, field_spec
 from . import _multigrid as mg
 from ._operator import (
     apply_operator,
@@ -245,7 +245,7 @@ class PoissonSolver(eqx.Module):
                         f"{np.nanmin(a):.3g} (non-finite: {int(np.sum(~np.isfinite(a)))})"
                     )
             else:
-                coefficient = _error_if(
+                coefficient = error_if(
                     coefficient,
                     ~jnp.all(jnp.isfinite(coefficient) & (coefficient > 0)),
                     "coefficient must be finite and > 0 everywhere",
@@ -376,10 +376,10 @@ class PoissonSolver(eqx.Module):
             if abs(mean) > tol * scale:
                 raise ValueError(f"{self._INCOMPATIBLE} (mean {mean:.3g}, max |f| {scale:.3g})")
             return x
-        x = _error_if(
+        x = error_if(
             x, ~(jnp.isfinite(scale) & jnp.isfinite(mean)), self._NOT_FINITE, self.grid, self.mesh
         )
-        return _error_if(x, jnp.abs(mean) > tol * scale, self._INCOMPATIBLE, self.grid, self.mesh)
+        return error_if(x, jnp.abs(mean) > tol * scale, self._INCOMPATIBLE, self.grid, self.mesh)
 
     def _compatible(self, f: jax.Array, prechecked: bool = False, project: bool = True):
         if not self.singular:
@@ -542,7 +542,7 @@ class PoissonSolver(eqx.Module):
                 info = mg.IterativeInfo(info.iterations, rel, jnp.isfinite(rel))
         elif self.throw and in_graph:
             # (called eagerly, the caller checks ``converged`` in Python and raises there)
-            u = _error_if(u, ~info.converged, self._not_converged_message(), self.grid, self.mesh)
+            u = error_if(u, ~info.converged, self._not_converged_message(), self.grid, self.mesh)
         return u, info, stats
 
     @eqx.filter_jit
@@ -642,27 +642,6 @@ def _relative_norm(r, b):
     m = jnp.where((m > 0) & jnp.isfinite(m), m, 1)
     bn = jnp.sqrt(jnp.sum(jnp.square(b / m)))
     return jnp.sqrt(jnp.sum(jnp.square(r / m))) / jnp.where(bn > 0, bn, 1)
-
-
-def _error_if(x: jax.Array, pred: jax.Array, message: str, grid: Grid, mesh: Mesh | None):
-    """``eqx.error_if(x, pred, message)`` for a field ``x`` of ``grid`` in a traced solve.
-
-    On a mesh of several devices it runs inside ``shard_map``, on each device's block with
-    the (replicated) predicate, so that every device raises at the same point. Applied to
-    the sharded field directly, equinox's callback runs on device 0 only: XLA gathers the
-    whole field there on every call, and when the error fires the other devices wait for
-    it at the next collective until XLA aborts the process.
-    """
-    if mesh is None or mesh.size == 1:
-        return eqx.error_if(x, pred, message)
-    spec = field_spec(_internal_grid(grid), mesh)
-    return jax.shard_map(
-        lambda block, p: eqx.error_if(block, p, message),
-        mesh=mesh,
-        in_specs=(spec, PartitionSpec()),
-        out_specs=spec,
-        check_vma=False,
-    )(x, pred)
 
 
 @jax.jit
