@@ -286,3 +286,28 @@ def test_make_mesh_takes_a_0d_array_as_a_count():
     assert dict(make_mesh(np.array(4)).shape) == dict(make_mesh(4).shape) == {"y": 2, "x": 2}
     with pytest.raises(ValueError, match="devices must be a number of devices or a layout"):
         make_mesh(np.array(2.5))
+
+
+def test_error_if_on_a_mesh_raises_on_every_device_without_gathering():
+    import re
+
+    from physjax.parallel import error_if
+
+    grid = Grid((16, 16), (1.0, 1.0), dtype="float64")
+    mesh = make_mesh((2, 2))
+
+    @jax.jit
+    def halve(x):
+        x = shard(x, grid, mesh) / 2
+        return error_if(x, jnp.mean(x) > 1, "mean above 1", grid, mesh) + 1
+
+    text = halve.lower(np.zeros(grid.shape)).compile().as_text()
+    assert not re.findall(r"all-gather\(", text)
+    x = np.arange(256.0).reshape(16, 16) / 256
+    np.testing.assert_array_equal(np.asarray(halve(x)), x / 2 + 1)
+    with pytest.raises(Exception, match="mean above 1"):
+        halve(np.full(grid.shape, 4.0)).block_until_ready()
+    batch = np.stack([x, x + 1])  # under vmap too
+    np.testing.assert_array_equal(np.asarray(jax.vmap(halve)(batch)), batch / 2 + 1)
+    with pytest.raises(Exception, match="mean above 1"):
+        jax.vmap(halve)(np.stack([x, x + 4])).block_until_ready()
