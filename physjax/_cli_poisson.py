@@ -560,8 +560,9 @@ def run(args) -> int:
                 tuple(devices) if isinstance(devices, (list, tuple)) else devices, ndim
             )
         except ValueError as e:
-            shown = "x".join(map(str, devices)) if isinstance(devices, (list, tuple)) else devices
-            raise ValueError(f"--devices {shown}: {e}") from None
+            from .cli import _shown_devices
+
+            raise ValueError(f"--devices {_shown_devices(devices)}: {e}") from None
     solver = PoissonSolver(
         grid,
         tuple(bc),

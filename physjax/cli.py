@@ -460,9 +460,8 @@ def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dic
                     else f"the stored dt {stored.get('dt')!r} (the file records no --cfl)"
                 )
             elif key == "devices":
-                shown = "x".join(str(d) for d in layout(value))
-                option = f"--devices {value!r} (layout {shown})"
-                was = f"the stored layout {'x'.join(str(d) for d in layout(was))}"
+                option = f"--devices {value!r} (layout {_shown_devices(layout(value))})"
+                was = f"the stored layout {_shown_devices(layout(was))}"
             else:
                 option = f"--{key.replace('_', '-')} {value!r}"
                 was = f"the stored {was!r}" if key in stored else f"the stored run (no {key})"
