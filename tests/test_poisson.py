@@ -10,7 +10,15 @@ import scipy.fft
 
 from physjax.grids import Grid
 from physjax.parallel import make_mesh
-from physjax.solvers.poisson import PoissonSolver, dct2, dst2, idct2, idst2, solve
+from physjax.solvers.poisson import (
+    PoissonSolver,
+    dct2,
+    dst2,
+    fold_boundary_values,
+    idct2,
+    idst2,
+    solve,
+)
 
 PI = np.pi
 
@@ -443,9 +451,38 @@ def test_bad_input_errors():
         with pytest.raises(ValueError, match="must be a pair") as err:
             PoissonSolver(walls, "dirichlet")(np.zeros((16, 16)), {"x": pair})
         assert f"got {shown}" in str(err.value) and "Tracer" not in str(err.value)
+    # wall values must be real: complex parts were dropped and strings parsed, silently
+    for bad, shown in ((np.full(16, 1 + 5j), "an array of complex128"), ("1", "'1'"), (1j, "1j")):
+        with pytest.raises(ValueError, match="entries must be real numbers") as err:
+            PoissonSolver(walls, "dirichlet")(np.zeros((16, 16)), {"x": (bad, 0.0)})
+        assert f"got {shown}" in str(err.value)
+    # the public fold takes a NumPy f like the solver does
+    folded = fold_boundary_values(np.zeros((16, 16)), walls, "dirichlet", {"x": (1.0, 0.0)})
+    assert float(folded[:, 0].sum()) == pytest.approx(-2 * 16 / walls.spacing[1] ** 2)
     with pytest.raises(ValueError, match="jax_enable_x64 is off"):
         with jax.enable_x64(False):
             PoissonSolver(walls, "dirichlet")
+
+
+@pytest.mark.parametrize("method", ["spectral", "multigrid", "cg"])
+@pytest.mark.parametrize("shape", [(4, 1), (1, 6, 4)])
+def test_neumann_values_on_an_axis_one_cell_wide(shape, method):
+    """Both walls of a one-cell axis are cell 0: the high wall's flux leaves it, the low
+    wall's enters. With f = (q_high - q_low) / h the fluxes balance f and u = 0; the high
+    flux used to be added with the low wall's sign (u = O(1), and a compatible all-Neumann
+    problem was refused)."""
+    axis = shape.index(1)
+    bc = ["dirichlet"] * len(shape)
+    bc[axis] = "neumann"
+    grid = Grid(shape, (1.0,) * len(shape), periodic=False, dtype="float64")
+    q_low, q_high = 0.3, 1.0
+    f = np.full(shape, (q_high - q_low) / grid.spacing[axis])
+    bv = {grid.axis_names[axis]: (q_low, q_high)}
+    u = solve(f, grid, tuple(bc), method, boundary_values=bv, rtol=1e-12)
+    assert float(jnp.max(jnp.abs(u))) <= 1e-12
+    # all-Neumann: ∫f equals the net outflow, so the problem is compatible and solves
+    u = solve(f, grid, "neumann", method, boundary_values=bv, rtol=1e-12)
+    assert float(jnp.max(jnp.abs(u))) <= 1e-12
 
 
 def test_compatibility_checked_alongside_the_spectral_solve():

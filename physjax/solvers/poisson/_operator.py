@@ -20,6 +20,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ...grids import Grid, fill_halo
@@ -222,6 +223,7 @@ def fold_boundary_values(
     bcs = normalise_bc(bc, grid)
     if not boundary_values:
         return f
+    f = jnp.asarray(f)
     if not isinstance(boundary_values, Mapping):
         raise ValueError(
             "boundary_values must be a mapping from axis name to (low, high), "
@@ -244,9 +246,17 @@ def fold_boundary_values(
             raise ValueError(f"boundary_values[{name!r}] must be a pair (low, high), got {pair!r}")
         wall_shape = tuple(n for a, n in enumerate(grid.shape) if a != axis)
         h = grid.spacing[axis]
-        for side, value in zip((0, grid.shape[axis] - 1), pair):
+        # (index, sign of a Neumann flux): on an axis one cell wide both walls are cell 0
+        for (index, sign), value in zip(((0, 1.0), (grid.shape[axis] - 1, -1.0)), pair):
             if value is None:
                 continue
+            dtype = value.dtype if hasattr(value, "dtype") else np.asarray(value).dtype
+            if dtype.kind not in "iuf":
+                got = f"an array of {dtype}" if hasattr(value, "dtype") else repr(value)[:80]
+                raise ValueError(
+                    f"boundary_values[{name!r}] entries must be real numbers or real arrays, "
+                    f"got {got}"
+                )
             value = jnp.asarray(value, f.dtype)
             if value.ndim not in (0, len(wall_shape)) or (
                 value.ndim and tuple(value.shape) != wall_shape
@@ -255,12 +265,12 @@ def fold_boundary_values(
                     f"boundary_values[{name!r}] entries must be scalars or arrays of the wall "
                     f"shape {wall_shape}, got shape {value.shape}"
                 )
-            sl = _wall_slice(d, axis, side)
+            sl = _wall_slice(d, axis, index)
             if kind == "dirichlet":
                 a = 1.0 if coefficient is None else coefficient[sl]
                 delta = -2.0 * a * value / h**2
             else:
-                a = 1.0 if coefficient is None else _wall_coefficient(coefficient, axis, side)
-                delta = (a * value / h) if side == 0 else (-a * value / h)
+                a = 1.0 if coefficient is None else _wall_coefficient(coefficient, axis, index)
+                delta = sign * a * value / h
             f = f.at[sl].add(jnp.broadcast_to(delta, wall_shape).astype(f.dtype))
     return f
