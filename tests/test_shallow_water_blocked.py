@@ -162,6 +162,25 @@ def test_strips_keep_the_spacing_of_any_grid(ny, Ly, m):
             assert np.max(np.abs(x - y)) <= 1e-12 * np.max(np.abs(x))
 
 
+@pytest.mark.parametrize("ny, steps", [(3, 1), (6, 2)])
+def test_one_strip_of_the_whole_walled_grid(ny, steps):
+    """strip_rows = ny = 3 × strip_steps between walls: the strip's ghost rows mirror the
+    whole grid, the last one the opposite wall's face (this used to fail while tracing)."""
+    g = Grid((ny, 10), (ny * 1e4, 1e5), periodic=(False, True), dtype="float64")
+    rng = np.random.default_rng(4)
+    plain = ShallowWater(g, strip_rows=0, coriolis=1e-4, viscosity=10.0)
+    shape = (ny, 10)
+    s = plain.initial_state(1000 + rng.standard_normal(shape), 0.3 * rng.random(shape),
+                            0.3 * rng.random(shape))  # fmt: skip
+    dt = 0.5 * plain.max_stable_dt(s)
+    a = plain.run(s, dt=dt, n_steps=2 * steps, save_every=2 * steps).states
+    b = dataclasses.replace(plain, strip_rows=ny, strip_steps=steps)
+    b = b.run(s, dt=dt, n_steps=2 * steps, save_every=2 * steps).states
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        x, y = np.asarray(x), np.asarray(y)
+        assert np.max(np.abs(x - y)) <= 1e-12 * np.max(np.abs(x))
+
+
 def test_strips_float32_and_mass():
     plain, s, dt = _setup((False, True), dtype="float32", **FULL)
     one = dataclasses.replace(plain, strip_rows=12, strip_steps=1)

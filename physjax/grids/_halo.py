@@ -40,8 +40,11 @@ def _wall_ghosts(
             "component that vanishes on the wall"
         )
     # Face 0 lies on the low wall and face n on the high wall: odd reflection about each.
-    low = -_flip(take(1, width + 1), axis)
     zero = jnp.zeros_like(take(0, 1))
+    if width < n:
+        low = -_flip(take(1, width + 1), axis)
+    else:  # width == n: the last ghost mirrors face n, the high wall, where the field is 0
+        low = -_flip(jnp.concatenate([take(1, n), zero], axis=axis), axis)
     high = jnp.concatenate([zero, -_flip(take(n - width + 1, n), axis)], axis=axis)
     return low, high
 
