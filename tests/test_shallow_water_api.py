@@ -127,6 +127,13 @@ def test_non_finite_state_and_times_are_refused(adjust):
         m.solve_diffrax(s, 0.0, NAN)
     with pytest.raises(ValueError, match=r"^t0 must be a finite number \(seconds\), got inf"):
         m.solve_diffrax(s, INF, 100.0)
+    # dt0 = 0 used to run max_steps steps of zero length, then blame max_steps
+    for dt0, span in ((0.0, 100.0), (-10.0, 100.0), (10.0, -100.0)):
+        with pytest.raises(
+            ValueError,
+            match=rf"^dt0 must be a nonzero number of seconds with the sign of t1 - t0 = {span}",
+        ):
+            m.solve_diffrax(s, 0.0, span, dt0=dt0)
 
 
 # --------------------------------------------------------------------------- 3. drag in dt

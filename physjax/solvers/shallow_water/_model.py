@@ -822,8 +822,7 @@ class ShallowWater(eqx.Module):
         """
         self._check_state(state)
         dtype = self.grid.dtype
-        _check_time("t0", t0)
-        _check_time("t1", t1)
+        a, b = _check_time("t0", t0), _check_time("t1", t1)
         if dtype == "float32" and "stepsize_controller" not in kwargs:
             # 1e-6 is a few float32 ulps: the error estimate is then round-off and the
             # controller takes ~70× the steps (a day of a 16×24 channel: 10 305 against 156)
@@ -835,7 +834,13 @@ class ShallowWater(eqx.Module):
                 if is_concrete(kwargs[name]):  # a float64 tolerance would promote float32 times
                     kwargs[name] = float(kwargs[name])
         if kwargs.get("dt0") is not None:
-            _check_time("dt0", kwargs["dt0"])
+            d = _check_time("dt0", kwargs["dt0"])
+            if d is not None and (d == 0 or (a is not None and b is not None and (b - a) * d < 0)):
+                # diffrax would take max_steps steps of zero length, or step away from t1
+                raise ValueError(
+                    f"dt0 must be a nonzero number of seconds with the sign of t1 - t0 = "
+                    f"{b - a if a is not None and b is not None else 't1 - t0'}, got {d!r}"
+                )
             kwargs["dt0"] = jnp.asarray(kwargs["dt0"], dtype)
         if mesh is not None:
             self.check_mesh(mesh)
