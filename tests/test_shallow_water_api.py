@@ -136,6 +136,33 @@ def test_non_finite_state_and_times_are_refused(adjust):
             m.solve_diffrax(s, 0.0, span, dt0=dt0)
 
 
+def test_fields_are_checked_in_the_model_dtype():
+    """A finite float64 field that overflows (or a depth that underflows) in a float32
+    model is refused naming it; it used to become inf (a NaN run) or h = 0."""
+    g = Grid((8, 8), (1e6, 1e6), dtype="float32")
+    big = np.full((8, 8), 1e40)
+    with pytest.raises(
+        ValueError,
+        match=r"^bottom must be finite everywhere in the grid's dtype float32, got 64 value",
+    ):
+        ShallowWater(g, bottom=big)
+    with pytest.raises(
+        ValueError,
+        match=r"^wind_stress\[1\] \(tau_y\) must be finite everywhere in the grid's dtype float32",
+    ):
+        ShallowWater(g, wind_stress=(np.zeros((8, 8)), big))
+    m = ShallowWater(g)
+    with pytest.raises(ValueError, match=r"^u must be finite everywhere in the grid's dtype"):
+        m.initial_state(np.full((8, 8), 1000.0), big)
+    with pytest.raises(
+        ValueError, match=r"h must be > 0 everywhere .* got a minimum of 0 m in float32"
+    ):
+        m.initial_state(np.full((8, 8), 1e-60))
+    # the same values are fine where the dtype holds them
+    g64 = Grid((8, 8), (1e6, 1e6), dtype="float64")
+    assert float(ShallowWater(g64).initial_state(np.full((8, 8), 1e-60)).h.min()) == 1e-60
+
+
 # --------------------------------------------------------------------------- 3. drag in dt
 @pytest.mark.parametrize("scheme, damping", [("ssprk3", 1.64), ("rk4", 0.68)])
 def test_max_stable_dt_counts_linear_drag(adjust, scheme, damping):

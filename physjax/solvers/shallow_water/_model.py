@@ -132,6 +132,15 @@ def _check_field_values(name: str, value, grid: Grid) -> np.ndarray | None:
         bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
         if bad:
             raise ValueError(f"{name} must be finite everywhere, got {bad} NaN/Inf value(s)")
+        # checked again as the model will hold it: a finite float64 value can overflow
+        with np.errstate(over="ignore"):
+            arr = arr.astype(grid.dtype)
+        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+        if bad:
+            raise ValueError(
+                f"{name} must be finite everywhere in the grid's dtype {grid.dtype}, got "
+                f"{bad} value(s) beyond its range (|x| > {np.finfo(grid.dtype).max:.3g})"
+            )
     return arr
 
 
@@ -359,7 +368,7 @@ class ShallowWater(eqx.Module):
                 if name == "h" and arr is not None and not arr.min() > 0:
                     raise ValueError(
                         f"layer thickness h must be > 0 everywhere (mean depth and anomalies), "
-                        f"got a minimum of {float(arr.min()):g} m"
+                        f"got a minimum of {float(arr.min()):g} m in {g.dtype}"
                     )
         h = jnp.asarray(h, dtype=g.dtype)
         u = jnp.zeros(g.shape, g.dtype) if u is None else jnp.asarray(u, dtype=g.dtype)
