@@ -281,6 +281,24 @@ def test_multi_device_equals_one_device(shape, layout, bc, periodic):
         _assert_split(solver, many, f, layout)
 
 
+@pytest.mark.multidevice
+def test_arrays_committed_to_one_device_solve_on_a_mesh():
+    """f and wall values put on single devices (``jax.device_put``) are placed on the
+    solver's mesh, not refused by jit's device check; under vmap nothing changes."""
+    grid = _grid((16, 16), False)
+    rng = np.random.default_rng(7)
+    f, wall = rng.normal(size=(16, 16)), rng.normal(size=16)
+    for method in ("spectral", "cg"):
+        one = PoissonSolver(grid, "dirichlet", method, rtol=1e-12)
+        many = PoissonSolver(grid, "dirichlet", method, rtol=1e-12, mesh=make_mesh((2, 2), 2))
+        ref = one(f, {"x": (wall, 0.0)})
+        f2, w1 = jax.device_put(f, jax.devices()[2]), jax.device_put(wall, jax.devices()[1])
+        assert _rel(many(f2, {"x": (w1, 0.0)}), ref) <= 1e-12
+        assert _rel(many(f2), one(f)) <= 1e-12
+        batch = np.stack([f, -f])
+        assert _rel(jax.vmap(many)(batch)[1], -one(f)) <= 1e-12
+
+
 def _assert_split(solver, u, f, layout):
     """The solve runs under shard_map and returns blocks of shape / layout on 4 devices."""
     assert u.sharding.shard_shape(u.shape) == tuple(n // p for n, p in zip(u.shape, layout))

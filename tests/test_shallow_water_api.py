@@ -305,6 +305,22 @@ def test_solve_diffrax_on_a_mesh_equals_one_device(gyre):
     assert len(h.sharding.device_set) == 4
 
 
+def test_a_state_committed_to_one_device_runs_on_a_mesh(gyre):
+    """``jax.device_put(state, device)`` then ``run``/``advance``/``solve_diffrax`` on a
+    mesh: placed on the mesh, not refused by jit's device check."""
+    m, s, dt = gyre
+    mesh = make_mesh((2, 2))
+    on3 = jax.device_put(s, jax.devices()[3])
+    ref = m.run(s, dt=dt, n_steps=4).states
+    out = m.run(on3, dt=dt, n_steps=4, mesh=mesh).states
+    assert _max_diff(out, ref) <= 1e-12
+    assert len(out.h.sharding.device_set) == 4
+    got = m.advance(on3, t0=0.0, dt=dt, n_steps=4, mesh=mesh)
+    assert _max_diff(got, jax.tree.map(lambda a: a[-1], ref)) <= 1e-12
+    sol = m.solve_diffrax(on3, 0.0, 2 * dt, mesh=mesh)
+    assert _max_diff(sol.ys, m.solve_diffrax(s, 0.0, 2 * dt).ys) <= 1e-12
+
+
 # --------------------------------------------------------------------------- 9. bad states
 def test_bad_states_and_mesh_are_refused_by_name(adjust):
     m, s, dt = adjust

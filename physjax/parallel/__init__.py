@@ -14,6 +14,9 @@ from ._mesh import (
     make_mesh as make_mesh,
 )
 from ._mesh import (
+    place_on_mesh as place_on_mesh,
+)
+from ._mesh import (
     shard as shard,
 )
 from ._mesh import (

@@ -11,6 +11,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from .._custom_types import is_concrete
 from ..grids import AXIS_NAMES_2D, AXIS_NAMES_3D, Grid
 
 
@@ -125,6 +126,18 @@ def shard(tree: Any, grid: Grid, mesh: Mesh) -> Any:
         tree,
         specs,
     )
+
+
+def place_on_mesh(tree: Any, grid: Grid, mesh: Mesh | None) -> Any:
+    """[`shard`][physjax.parallel.shard] ``tree`` onto ``mesh`` when every array in it has a
+    value (called eagerly), so that arrays committed to one device (``jax.device_put``) can
+    enter a compiled call on the mesh; unchanged inside ``jit``/``vmap``/``grad`` (tracers
+    are placed by the enclosing transformation) or without a mesh of several devices."""
+    if mesh is None or mesh.size == 1:
+        return tree
+    if not all(is_concrete(x) for x in jax.tree.leaves(tree)):
+        return tree
+    return shard(tree, grid, mesh)
 
 
 def shard_map_fields(fn: Callable[..., Any], grid: Grid, mesh: Mesh | None) -> Callable[..., Any]:

@@ -17,7 +17,7 @@ from jaxtyping import Array, Float
 from ..._custom_types import is_concrete
 from ...grids import Grid
 from ...grids._grid import require_enabled_dtype
-from ...parallel import decompose, error_if, field_spec
+from ...parallel import decompose, error_if, field_spec, place_on_mesh
 from . import _multigrid as mg
 from ._operator import (
     apply_operator,
@@ -604,6 +604,8 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general):
             lambda v: np.asarray(v, f.dtype) if isinstance(v, (int, float)) else v,
             boundary_values,
         )
+    # arrays committed to one device would be refused by the compiled call's device check
+    f, boundary_values = place_on_mesh((f, boundary_values), solver.grid, solver.mesh)
     prechecked = cls._precheck(solver, f, boundary_values)
     # Called eagerly (nothing traced), a solve that does not converge raises here, in
     # Python, with the solver's own message; inside a transformation through eqx.error_if.

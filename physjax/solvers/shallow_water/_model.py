@@ -27,7 +27,7 @@ from ...grids import (
     interp_y_f2c,
 )
 from ...grids._grid import require_enabled_dtype
-from ...parallel import decompose, shard, shard_map_fields
+from ...parallel import decompose, place_on_mesh, shard, shard_map_fields
 from .._time_stepping import DAMPING_LIMITS, SCHEMES, advance, integrate, integrate_diffrax, scheme
 from ._blocked import (
     AUTO_STRIP_STEPS,
@@ -763,7 +763,8 @@ class ShallowWater(eqx.Module):
         self.check_dt(state, dt)
         n_frames = n_steps // save_every
         t0_, dt_ = jnp.asarray(t0, self.grid.dtype), jnp.asarray(dt, self.grid.dtype)
-        frames = _run_frames(self, state, t0_, dt_, n_frames, save_every, mesh)
+        model, state = self._on_mesh(state, mesh)
+        frames = _run_frames(model, state, t0_, dt_, n_frames, save_every, mesh)
         ts = t0 + dt * save_every * jnp.arange(1, n_frames + 1, dtype=self.grid.dtype)
         return ShallowWaterSolution(ts=ts, states=frames)
 
@@ -801,7 +802,14 @@ class ShallowWater(eqx.Module):
         # Times as arrays: filter_jit would treat Python floats as static and recompile.
         t0 = jnp.asarray(t0, self.grid.dtype)
         dt = jnp.asarray(dt, self.grid.dtype)
-        return _advance(self, state, t0, dt, n_steps, mesh)
+        model, state = self._on_mesh(state, mesh)
+        return _advance(model, state, t0, dt, n_steps, mesh)
+
+    def _on_mesh(self, state: ShallowWaterState, mesh) -> tuple[ShallowWater, ShallowWaterState]:
+        """The model and state placed on ``mesh`` (split like the grid): arrays committed to
+        one device, e.g. by ``jax.device_put``, would otherwise be refused by the compiled
+        call's device check."""
+        return place_on_mesh((self, state), self.grid, mesh)
 
     def solve_diffrax(
         self,
@@ -854,7 +862,8 @@ class ShallowWater(eqx.Module):
         if mesh is not None:
             self.check_mesh(mesh)
         t0, t1 = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
-        sol = integrate_diffrax(_DiffraxRHS(mesh), state, t0, t1, args=self, **kwargs)
+        model, state = self._on_mesh(state, mesh)
+        sol = integrate_diffrax(_DiffraxRHS(mesh), state, t0, t1, args=model, **kwargs)
         if mesh is not None and mesh.size > 1 and sol.ys is not None:
             sol = eqx.tree_at(lambda s: s.ys, sol, shard(sol.ys, self.grid, mesh))
         return sol
