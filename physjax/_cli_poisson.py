@@ -9,6 +9,7 @@ grid's shape, spacing and position are then those of the variable's coordinates.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import os
 import sys
@@ -442,7 +443,14 @@ def manufactured(case: str, grid) -> tuple[np.ndarray, np.ndarray, np.ndarray | 
 
 # ----------------------------------------------------------------------------------- run
 def run(args) -> int:
-    """Run the ``poisson`` subcommand (exit code 0, or 1 if the solve did not converge)."""
+    """Run the ``poisson`` subcommand (exit code 0, or 1 if the solve did not converge).
+    The output is locked against a second physjax process from the overwrite check to
+    the end (a running shallow-water file is never replaced under its writer)."""
+    with contextlib.ExitStack() as held:
+        return _run(args, held)
+
+
+def _run(args, held: contextlib.ExitStack) -> int:
     from .cli import _check_plot_path, _write_plot, setup_jax
 
     s = resolve(args)
@@ -522,9 +530,10 @@ def run(args) -> int:
                     f"--output {output!r} is the input file of {spec}; writing would destroy it"
                 )
     from .cli import _check_overwrite
-    from .io import check_writable
+    from .io import check_writable, output_lock
 
     check_writable(output, "--output")
+    held.enter_context(output_lock(output))
     _check_overwrite(output, bool(getattr(args, "overwrite", False)))
     _check_plot_path(s.get("plot"), output=output)
 

@@ -802,6 +802,11 @@ def test_a_second_writer_of_the_same_file_is_refused(tmp_path, capsys):
             err = capsys.readouterr().err
             assert f"{str(out)!r} is being written by another physjax process (pid " in err
             assert out.read_bytes() == before
+        # a Poisson solve with --overwrite used to replace the running file under its writer
+        capsys.readouterr()
+        assert main(["poisson", "--n", "16", "--output", str(out), "--overwrite"]) == 2
+        assert "is being written by another physjax process" in capsys.readouterr().err
+        assert out.read_bytes() == before
     assert main(["shallow-water", "--quiet", "--output", str(out), "--resume"]) == 0
 
 
