@@ -479,6 +479,35 @@ def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dic
             )
 
 
+#: Grid-sized arrays a CPU run holds at once, about: the state, the stages and tendencies of a
+#: step, the model's fields, the copies written out, the case's float64 set-up.
+_FIELDS_IN_MEMORY = 24
+
+
+def _check_memory(nx: int, ny: int, precision: str) -> None:
+    """Refuse, before anything is allocated, a grid whose run cannot fit in this machine's
+    memory (CPU only: on an accelerator the fields live in its own memory)."""
+    import jax
+
+    if jax.default_backend() != "cpu":
+        return
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return
+    need = _FIELDS_IN_MEMORY * nx * ny * (4 if precision == "float32" else 8)
+    if need > total:
+        raise ValueError(
+            f"--nx {nx} --ny {ny}: a {precision} run of {ny}×{nx} cells needs about "
+            f"{need / 2**30:.3g} GiB of memory, more than this machine's "
+            f"{total / 2**30:.3g} GiB; choose a smaller grid"
+        )
+
+
+#: The most steps one run takes: step counts are 32-bit integers when float64 is off.
+MAX_STEPS = 2**31 - 1
+
+
 def _steps(t_end: float, dt: float) -> tuple[int, float]:
     """Steps to reach ``t_end`` with a step of at most ``dt``, and the step that lands the last
     frame exactly on ``t_end``: ``dt`` itself when it divides ``t_end`` (to 1e-9), else
@@ -632,6 +661,16 @@ def _run_shallow_water(
                 f"--param {key}: {key} is not a physical parameter here; set it with {option}"
                 f" (or {key} at the top of a --config file)"
             )
+    defaults = CASES[case_name].defaults
+    unknown = sorted(set(params) - set(defaults))
+    if unknown:
+        allowed = ", ".join(sorted(k for k in defaults if k not in _OPTION_PARAMETERS))
+        raise ValueError(
+            f"--param: unknown parameter(s) {unknown} for case {case_name!r}; allowed: {allowed}"
+        )
+    _check_memory(
+        kw.get("nx", CASES[case_name].shape[1]), kw.get("ny", CASES[case_name].shape[0]), precision
+    )
     case = make_case(case_name, precision=precision, **kw, **params)
     model, state = case.model, case.state
     grid = model.grid
@@ -665,6 +704,12 @@ def _run_shallow_water(
             )
         n_steps = max(1, math.ceil(t_end / model.max_stable_dt(state, cfl)))
         dt = t_end / n_steps
+    if n_steps > MAX_STEPS:
+        given = f"--dt {dt_requested:g} s" if dt_requested is not None else f"--cfl {cfl:g}"
+        raise ValueError(
+            f"{given} takes {n_steps:.3g} steps to --t-end {t_end:g} s, more than the "
+            f"{MAX_STEPS} a run can count; raise it or shorten --t-end"
+        )
     if resume and settings.get("n_steps") is not None:
         # The step and step count the run began with, exactly as stored: files written before
         # a --dt was lowered to land on --t-end ran ceil(t_end / dt) steps of the dt given.
@@ -833,6 +878,22 @@ def _run_shallow_water(
                 f"; {output} keeps {frames} whole frame{'s' if frames != 1 else ''} "
                 f"({n_steps - step} of {n_steps} steps to go); continue with: {command}",
             ) from None
+        except Exception as e:  # an unforeseen error: the file says where the run stopped
+            stop.shield()
+            bar.close()
+            with contextlib.suppress(Exception):
+                step = int(read_frame(output)["step"])
+                writer.finish(
+                    f"{STATUS_INTERRUPTED}: at step {step}, t = {step * dt:.6g} s: "
+                    f"{type(e).__name__}: {e}"[:500]
+                )
+                frames = read_attrs(output)["n_frames"]
+                command = f"physjax shallow-water --output {shlex.quote(output)} --resume"
+                e.add_note(
+                    f"physjax: {output} keeps {frames} whole frame{'s' if frames != 1 else ''} "
+                    f"(to step {step}); continue with: {command}"
+                )
+            raise
         bar.close()
     total_frames = frames_before + frames
     done = step >= n_steps
@@ -956,7 +1017,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"physjax {args.command}: {e}", file=sys.stderr)
         return 3
     except (ValueError, TypeError) as e:
-        print(f"physjax {args.command}: error: {e}", file=sys.stderr)
+        notes = "".join(f"\n{note}" for note in getattr(e, "__notes__", ()))  # where a run stopped
+        print(f"physjax {args.command}: error: {e}{notes}", file=sys.stderr)
         return 2
     except RunInterrupted as e:
         print(f"physjax {args.command}: {e}", file=sys.stderr)

@@ -763,6 +763,58 @@ def test_a_full_disk_stops_the_run_with_whole_frames_and_resume_continues(
     _assert_resume_completes_like(out, uninterrupted)
 
 
+def test_an_unforeseen_error_marks_the_file_and_resume_continues(
+    tmp_path, monkeypatch, uninterrupted
+):
+    """An error no handler expects (here from the writer, at the fourth frame) used to
+    leave the file 'running', which a new run then refused; now the status says where the
+    run stopped and why, the error carries a note naming the file and --resume, and
+    resuming gives the uninterrupted result."""
+    from physjax.io import NetCDFWriter
+
+    append, calls = NetCDFWriter.append, []
+
+    def failing(self, *args, **kw):
+        calls.append(1)
+        if len(calls) == 4:
+            raise RuntimeError("an unexpected failure")
+        return append(self, *args, **kw)
+
+    monkeypatch.setattr(NetCDFWriter, "append", failing)
+    out = tmp_path / "u.h5"
+    with pytest.raises(RuntimeError, match="an unexpected failure") as err:
+        main(["shallow-water", *INTERRUPT_ARGS, "--quiet", "--output", str(out)])
+    assert f"{out} keeps 3 whole frames (to step 4); continue with: physjax" in str(
+        err.value.__notes__
+    )
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["status"] == (
+            "interrupted: at step 4, t = 2400 s: RuntimeError: an unexpected failure"
+        )
+        assert list(ds["step"].values) == [0, 2, 4]
+    monkeypatch.undo()
+    _assert_resume_completes_like(out, uninterrupted)
+
+
+def test_too_many_steps_and_too_large_a_grid_are_refused_before_writing(tmp_path, capsys):
+    out = tmp_path / "n.h5"
+    assert main(["shallow-water", "--n", "16", "--dt", "1e-300", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--dt 1e-300 s takes" in err and "more than the 2147483647 a run can count" in err
+    assert main(["shallow-water", "--n", "16", "--cfl", "1e-300", "--output", str(out)]) == 2
+    assert "--cfl 1e-300 takes" in capsys.readouterr().err
+    # used to fail allocating 18.6 GiB with a NumPy traceback
+    assert main(["shallow-water", "--n", "1000000", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--nx 1000000 --ny 1000000: a float32 run of 1000000×1000000 cells needs about" in err
+    assert "choose a smaller grid" in err
+    # a case's own end time is set by --t-end, so --param does not offer it
+    assert main(["shallow-water", "--param", "foo=1", "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "--param: unknown parameter(s) ['foo']" in err and "t_end" not in err
+    assert not out.exists()
+
+
 def test_a_new_run_replaces_only_an_ended_physjax_run(tmp_path, capsys):
     out = tmp_path / "o.h5"
     assert main(["shallow-water", *FAST, "--output", str(out)]) == 0
