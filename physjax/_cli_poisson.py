@@ -668,7 +668,15 @@ def _run(args, held: contextlib.ExitStack) -> int:
         grid,
         variables,
         attrs=dict(
-            case=s["case"] if rhs is None else "user",
+            # the case names its right-hand side; with other conditions it is not the case's
+            # problem any more, and the name says so
+            case=(
+                "user"
+                if rhs is not None
+                else s["case"]
+                if all(b == case_bc for b in bc)
+                else f"{s['case']} right-hand side, bc {','.join(bc)}"
+            ),
             title="physjax poisson",
             parameters={},
             configuration=config,
@@ -693,8 +701,7 @@ def _run(args, held: contextlib.ExitStack) -> int:
             **summary,
         )
     if s.get("plot"):
-        panels = ["u", "residual"] + (["error"] if exact is not None else ["f"])
-        _write_plot(output, s["plot"], names=panels)
+        _write_plot(output, s["plot"])  # u, residual, and the error or f (as `physjax plot`)
     what = f"poisson {method}: "
     if method != "spectral":
         what += f"{iterations} iteration{'s' if iterations != 1 else ''}, "

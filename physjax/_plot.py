@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
+
+#: Attempts at opening a file that a running writer locks for a moment (0.1 s apart).
+_OPEN_TRIES = 30
 
 
 def _axes(ds, dims):
@@ -37,10 +41,18 @@ def plot_panels(
     import matplotlib.pyplot as plt
     import xarray as xr
 
-    try:
-        opened = xr.open_dataset(os.fspath(path), engine="h5netcdf")
-    except (OSError, ValueError) as e:
-        raise ValueError(f"cannot read {os.fspath(path)!r} as a NetCDF4/HDF5 file: {e}") from None
+    for attempt in range(_OPEN_TRIES):
+        try:
+            opened = xr.open_dataset(os.fspath(path), engine="h5netcdf")
+            break
+        except (OSError, ValueError) as e:
+            # a running file is locked for a moment while a frame is appended: try again
+            if attempt + 1 < _OPEN_TRIES and "lock" in str(e).lower():
+                time.sleep(0.1)
+                continue
+            raise ValueError(
+                f"cannot read {os.fspath(path)!r} as a NetCDF4/HDF5 file: {e}"
+            ) from None
     with opened as ds:
         if "time" in ds.dims:
             frame = -1 if frame is None else frame
@@ -62,6 +74,10 @@ def plot_panels(
         else:
             sel = ds
         panels = []
+        if names is None and ds.attrs.get("title") == "physjax poisson":
+            # the solution, its residual, and its error where the exact solution is known
+            names = ["u", "residual", "error" if "error" in sel else "f"]
+            names = [n for n in names if n in sel] or None
         if names is not None:
             missing = [n for n in names if n not in sel]
             if missing:

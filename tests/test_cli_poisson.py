@@ -304,6 +304,58 @@ def test_plot_and_script_wrapper(tmp_path):
     assert not (tmp_path / "f.png").exists()
 
 
+def test_physjax_plot_draws_the_panels_of_the_solve(tmp_path, monkeypatch):
+    """`physjax plot` of a Poisson file draws what `--plot` draws: u, the residual and the
+    error where the exact solution is known, else f (it used to draw u, f, residual); a
+    case run with other boundary conditions is named so in the file and the title."""
+    import matplotlib.axes
+    import matplotlib.figure
+
+    titles = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda ax, t, **kw: titles.append(t))
+    monkeypatch.setattr(matplotlib.figure.Figure, "suptitle", lambda fig, t, **kw: titles.append(t))
+    out = tmp_path / "p.h5"
+    for bc, last in ((None, "error"), ("neumann", "f")):
+        extra = ["--bc", bc] if bc else []
+        assert main(["poisson", "--case", "dirichlet", "--n", "16", "--output", str(out),
+                     "--overwrite", *extra,
+                     "--plot", str(tmp_path / "a.png")]) == 0  # fmt: skip
+        drawn, titles[:] = list(titles), []
+        assert main(["plot", str(out), "--output", str(tmp_path / "b.png")]) == 0
+        assert titles == drawn
+        assert [t.split(":")[0] for t in titles[:3]] == ["u", "residual", last]
+        case = "dirichlet" if bc is None else "dirichlet right-hand side, bc neumann,neumann"
+        assert titles[3] == f"physjax poisson, {case}"
+        with h5py.File(out, "r") as h:
+            assert h.attrs["case"] == case
+        titles.clear()
+
+
+def test_plot_waits_out_a_writer_holding_the_lock(tmp_path, monkeypatch, capsys):
+    """A running file is locked for a moment at every frame: `physjax plot` tries again
+    (it used to stop with "cannot read … unable to lock file")."""
+    import xarray as xr
+
+    out = tmp_path / "p.h5"
+    assert main(["poisson", "--n", "16", "--output", str(out)]) == 0
+    real, calls = xr.open_dataset, []
+
+    def locked_twice(*args, **kw):
+        calls.append(1)
+        if len(calls) <= 2:
+            raise OSError("[Errno 11] Unable to synchronously open file (unable to lock file)")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(xr, "open_dataset", locked_twice)
+    assert main(["plot", str(out), "--output", str(tmp_path / "p.png")]) == 0
+    assert len(calls) == 3
+    calls.clear()
+    (tmp_path / "bad.h5").write_bytes(b"not hdf5")
+    monkeypatch.setattr(xr, "open_dataset", real)
+    assert main(["plot", str(tmp_path / "bad.h5")]) == 2  # no lock: refused at once
+    assert "cannot read" in capsys.readouterr().err
+
+
 @pytest.fixture
 def rhs_file(tmp_path):
     path = tmp_path / "in.h5"
