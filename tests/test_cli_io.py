@@ -841,6 +841,35 @@ def test_a_new_run_replaces_only_an_ended_physjax_run(tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["data.h5", "o.h5"]  # no lock left
 
 
+def test_a_users_partial_file_and_a_symlinked_output_are_respected(tmp_path):
+    """The writer's temporary file used to be NAME.partial, so a user's file of that name
+    was overwritten and removed; and --overwrite through a symbolic link replaced the link
+    with a file beside it. Now the temporary name is hidden and unique, and the file lands
+    where the link points, under one lock whatever name leads to it."""
+    from physjax.io import output_lock
+
+    out = tmp_path / "o.h5"
+    mine = tmp_path / "o.h5.partial"
+    mine.write_bytes(b"keep me")
+    assert main(["shallow-water", *FAST, "--output", str(out)]) == 0
+    assert mine.read_bytes() == b"keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["o.h5", "o.h5.partial"]
+    (tmp_path / "real").mkdir()
+    target = tmp_path / "real" / "x.h5"
+    assert main(["shallow-water", *FAST, "--output", str(target)]) == 0
+    link = tmp_path / "y.h5"
+    link.symlink_to(target)
+    before = target.read_bytes()
+    with output_lock(target):  # a run writing the target refuses a writer of the link
+        assert main(["shallow-water", *FAST, "--output", str(link), "--overwrite"]) == 2
+    assert main(["shallow-water", *FAST, "--max-frames", "1", "--output", str(link),
+                 "--overwrite"]) == 0  # fmt: skip
+    assert link.is_symlink() and target.read_bytes() != before
+    with xr.open_dataset(target) as ds:
+        assert ds.attrs["status"].startswith("stopped") and ds.sizes["time"] == 2
+    assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["x.h5"]
+
+
 def test_a_second_writer_of_the_same_file_is_refused(tmp_path, capsys):
     from physjax.io import output_lock
 

@@ -34,6 +34,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import secrets
 import shutil
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -97,7 +98,7 @@ def output_lock(path: str | os.PathLike):
     locked; the lock file is removed when the block ends. Where the file system has no
     ``flock`` (or on a platform without ``fcntl``) the block runs unlocked."""
     given = os.fspath(path)
-    path = os.path.abspath(given)
+    path = os.path.realpath(given)  # one lock per file, whatever links lead to it
     lock = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock")
     try:
         import fcntl
@@ -235,12 +236,16 @@ class NetCDFWriter:
     # ------------------------------------------------------------------ create
     def _create(self, attrs: dict[str, Any]) -> None:
         # Written under a temporary name and moved into place: an error or an interrupt
-        # while creating leaves neither a half-made file nor the temporary one.
-        tmp = self.path + ".partial"
+        # while creating leaves neither a half-made file nor the temporary one. The name is
+        # hidden and unique (a user's own NAME.partial is never touched), and the file lands
+        # where a symbolic link points, the link kept.
+        dest = os.path.realpath(self.path)
+        folder, base = os.path.split(dest)
+        tmp = os.path.join(folder, f".{base}.{os.getpid()}.{secrets.token_hex(4)}.partial")
         _require_space(self.path, self._frame_bytes(False) + self._frame_bytes(True), "a new file")
         try:
             self._write_new(tmp, attrs)
-            os.replace(tmp, self.path)
+            os.replace(tmp, dest)
         except BaseException as e:
             if os.path.exists(tmp):
                 os.remove(tmp)
