@@ -521,7 +521,9 @@ def _steps(t_end: float, dt: float) -> tuple[int, float]:
 def _check_overwrite(output: str, overwrite: bool) -> None:
     """A new run replaces an existing ``output`` only if it holds a physjax run that ended
     (``complete`` or ``failed: …``), or with ``--overwrite``: an unfinished run is what
-    ``--resume`` continues, and a file physjax did not write may be someone's data."""
+    ``--resume`` continues, and a file physjax did not write may be someone's data. A run
+    replaced without ``--overwrite`` is named on stderr (the default output ``<case>.h5``
+    makes it easy to replace one unawares)."""
     from .io import STATUS_COMPLETE, read_attrs
 
     if overwrite or not os.path.exists(output):
@@ -541,6 +543,12 @@ def _check_overwrite(output: str, overwrite: bool) -> None:
             f"--output {output!r} holds an unfinished run (status {status!r}); continue it "
             f"with --resume, or pass --overwrite to replace it"
         )
+    config = attrs.get("configuration")
+    command = config.get("command", "physjax") if isinstance(config, dict) else "physjax"
+    print(
+        f"replacing the {command} run in {output} (case {attrs.get('case', '?')}, {status})",
+        file=sys.stderr,
+    )
 
 
 #: Settings of a case that the command line sets with options of their own, not --param.

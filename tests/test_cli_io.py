@@ -818,7 +818,10 @@ def test_too_many_steps_and_too_large_a_grid_are_refused_before_writing(tmp_path
 def test_a_new_run_replaces_only_an_ended_physjax_run(tmp_path, capsys):
     out = tmp_path / "o.h5"
     assert main(["shallow-water", *FAST, "--output", str(out)]) == 0
+    capsys.readouterr()
     assert main(["shallow-water", *FAST, "--output", str(out)]) == 0  # complete: replaced
+    err = capsys.readouterr().err
+    assert f"replacing the shallow-water run in {out} (case gravity-wave, complete)" in err
     assert main(["shallow-water", *FAST, "--max-frames", "1", "--output", str(out)]) == 0
     before = out.read_bytes()
     capsys.readouterr()
