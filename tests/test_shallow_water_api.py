@@ -324,6 +324,16 @@ def test_a_state_committed_to_one_device_runs_on_a_mesh(gyre):
 # --------------------------------------------------------------------------- 9. bad states
 def test_bad_states_and_mesh_are_refused_by_name(adjust):
     m, s, dt = adjust
+    # every method taking a state names it (mass used to return a number for a wrong
+    # shape, rhs to fail on a tuple with an AttributeError)
+    wrong_shape = ShallowWaterState(h=jnp.ones((9, 16)), u=s.u, v=s.v)
+    for method in (m.rhs, m.mass, m.energy, m.relative_vorticity, m.potential_vorticity):
+        with pytest.raises(ValueError, match=r"^state\.h must have the grid shape"):
+            method(wrong_shape)
+        with pytest.raises(TypeError, match=r"^state must be a physjax.solvers.ShallowWaterState"):
+            method((s.h, s.u, s.v))
+    with pytest.raises(ValueError, match=r"^t must be a finite number \(seconds\), got 'x'"):
+        m.step(s, dt, t="x")
     with pytest.raises(ValueError, match=r"state\.h \(layer thickness\) must be > 0 .* of -1 m"):
         m.run(ShallowWaterState(h=s.h.at[0, 0].set(-1.0), u=s.u, v=s.v), dt=dt, n_steps=2)
     f32 = jax.tree.map(lambda a: a.astype(jnp.float32), s)

@@ -507,7 +507,14 @@ class ShallowWater(eqx.Module):
         return ShallowWaterState(h=dh, u=du, v=dv)
 
     def rhs(self, state: ShallowWaterState, t: ArrayLike = 0.0) -> ShallowWaterState:
-        """Tendencies ``(∂h/∂t, ∂u/∂t, ∂v/∂t)`` at time ``t`` [s]."""
+        """Tendencies ``(∂h/∂t, ∂u/∂t, ∂v/∂t)`` at time ``t`` [s] (the state's type, shapes and
+        dtype checked, as for every method taking a state)."""
+        self._check_state(state, values=False)
+        _check_time("t", t)
+        return self._rhs(state, t)
+
+    def _rhs(self, state: ShallowWaterState, t) -> ShallowWaterState:
+        # unchecked: also on a device's block, whose shape is not the grid's
         return self._tendency(self._pad(state), t, self._padded_bottom())
 
     def _step(self, state, t, dt, bottom):
@@ -529,11 +536,13 @@ class ShallowWater(eqx.Module):
         # Not the values: that would cost a transfer from the device at every step.
         self._check_state(state, values=False)
         _check_time("dt", dt, positive=True)
+        _check_time("t", t)
         return _stepper(self)[0](state, t, dt)
 
     # -------------------------------------------------------------- diagnostics
     def mass(self, state: ShallowWaterState) -> Array:
         """Total volume Σ h ΔA [m³]."""
+        self._check_state(state, values=False)
         # Sum deviations from one reference value: in float32 a plain sum of ~1e5 similar
         # numbers loses more digits than the scheme's own round-off.
         ref = state.h.reshape(-1)[0]
@@ -542,6 +551,7 @@ class ShallowWater(eqx.Module):
     def energy(self, state: ShallowWaterState) -> Array:
         """Total energy per unit density Σ (h K + ½ g h² + g h b) ΔA [m⁵ s⁻²], the quantity the
         scheme conserves."""
+        self._check_state(state, values=False)
         g = self.grid.unsharded()
         u = fill_halo(state.u, g, X_FACE, parity=(self._tangential_parity(), -1))
         v = fill_halo(state.v, g, Y_FACE, parity=(-1, self._tangential_parity()))
@@ -562,6 +572,7 @@ class ShallowWater(eqx.Module):
 
     def relative_vorticity(self, state: ShallowWaterState) -> Field2D:
         """ζ = ∂v/∂x − ∂u/∂y [s⁻¹] at cell corners (``(j, i)`` at the south-west corner)."""
+        self._check_state(state, values=False)
         g = self.grid.unsharded()
         p = self._tangential_parity()
         u = fill_halo(state.u, g, X_FACE, parity=(p, -1))
@@ -570,6 +581,7 @@ class ShallowWater(eqx.Module):
 
     def potential_vorticity(self, state: ShallowWaterState) -> Field2D:
         """q = (f + ζ)/h [m⁻¹ s⁻¹] at cell corners."""
+        self._check_state(state, values=False)
         g = self.grid.unsharded()
         h = fill_halo(state.h, g, CENTRE)
         h_corner = interior(interp_y_c2f(interp_x_c2f(h)), g)
@@ -881,7 +893,7 @@ class _DiffraxRHS(eqx.Module):
 
     def __call__(self, y: ShallowWaterState, t, model: ShallowWater) -> ShallowWaterState:
         def body(grid, model, y, t):
-            return _with_grid(model, grid).rhs(y, t)
+            return _with_grid(model, grid)._rhs(y, t)
 
         return shard_map_fields(body, model.grid, self.mesh)(model, y, t)
 
