@@ -71,6 +71,13 @@ def test_grid_rejects_bad_input(kwargs, match):
         Grid(**kwargs)
 
 
+def test_zero_dimensional_arrays_are_numbers_for_extent_and_origin():
+    # an origin of jax scalars was refused while the same extent was accepted
+    g = Grid((4, 4), jnp.array([1.0, 2.0]), origin=jnp.array([0.0, 5.0]), dtype="float64")
+    assert g.extent == (1.0, 2.0) and g.origin == (0.0, 5.0)
+    assert Grid((4, 4), (1.0, 2.0), origin=np.array([0.0, 5.0])).origin == (0.0, 5.0)
+
+
 def test_a_traced_extent_or_origin_is_refused_by_name():
     # jax.grad with respect to the domain length used to fail with a TracerArrayConversionError
     def length(L):
@@ -212,6 +219,13 @@ def test_locations_parities_and_widths_are_checked():
         fill_halo(f, g, CENTRE, parity=(2, 1))
     with pytest.raises(ValueError, match="parity must give"):
         fill_halo(f, g, CENTRE, parity=(1,))
+    # one number is the parity of every axis; any other number is refused by name (it used
+    # to fail with "'int' object is not iterable")
+    np.testing.assert_array_equal(
+        fill_halo(f, g, CENTRE, parity=-1), fill_halo(f, g, CENTRE, (-1, -1))
+    )
+    with pytest.raises(ValueError, match="parity must give .* got 2$"):
+        fill_halo(f, g, CENTRE, parity=2)
     with pytest.raises(ValueError, match=r"a block of ny=4 cells cannot fill a halo of width 4"):
         fill_halo(f, g, Y_FACE, width=4)  # a face on a wall mirrors cells 1..4: needs 5
     assert fill_halo(f, g, CENTRE, width=4).shape == (12, 14)

@@ -151,6 +151,10 @@ class Grid(eqx.Module):
         if origin is None:
             origin = (0.0,) * ndim
         origin = _as_tuple("origin", origin, "coordinates [m] of the low corner")
+        origin = tuple(  # 0-d arrays are numbers, as for extent
+            np.asarray(o).item() if getattr(o, "ndim", None) == 0 and hasattr(o, "dtype") else o
+            for o in origin
+        )
         if len(origin) != ndim or not all(
             isinstance(o, (int, float, np.integer, np.floating)) and math.isfinite(o)
             for o in origin

@@ -87,7 +87,7 @@ def fill_halo(
     - `field`: array of the grid's (local) shape, ``(ny, nx)`` or ``(nz, ny, nx)``.
     - `grid`: the [`physjax.grids.Grid`][]; decomposed grids exchange halos with neighbours.
     - `location`: stagger per axis, ``"centre"`` or ``"face"`` (default all centres).
-    - `parity`: per axis, the reflection used at walls: ``+1`` even (free-slip tangential
+    - `parity`: per axis (or one number for every axis), the reflection used at walls: ``+1`` even (free-slip tangential
       velocity, scalars with zero normal flux), ``-1`` odd (no-slip tangential velocity,
       homogeneous Dirichlet, normal velocity). Default ``+1`` at centres, ``-1`` on faces;
       a face along a walled axis is the normal component, which vanishes on the wall, so
@@ -104,9 +104,14 @@ def fill_halo(
     location = ("centre",) * nd if location is None else check_location(location, nd)
     if parity is None:
         parity = tuple(1 if s == "centre" else -1 for s in location)
+    given = parity
+    if isinstance(parity, (int, np.integer)) and not isinstance(parity, bool):
+        parity = (parity,) * nd  # one parity for every axis
+    if not hasattr(parity, "__iter__") or isinstance(parity, str):
+        raise ValueError(f"parity must give +1 or -1 for each of the {nd} axes, got {given!r}")
     parity = tuple(parity)
     if len(parity) != nd or not all(p in (1, -1) for p in parity):
-        raise ValueError(f"parity must give +1 or -1 for each of the {nd} axes, got {parity!r}")
+        raise ValueError(f"parity must give +1 or -1 for each of the {nd} axes, got {given!r}")
     width = grid.halo if width is None else width
     if isinstance(width, np.integer):
         width = int(width)
