@@ -89,9 +89,9 @@ def fill_halo(
     - `location`: stagger per axis, ``"centre"`` or ``"face"`` (default all centres).
     - `parity`: per axis (or one number for every axis), the reflection used at walls:
       ``+1`` even (free-slip tangential velocity, scalars with zero normal flux), ``-1`` odd
-      (no-slip tangential velocity, homogeneous Dirichlet, normal velocity). Default ``+1`` at centres, ``-1`` on faces;
-      a face along a walled axis is the normal component, which vanishes on the wall, so
-      only ``-1`` is accepted there.
+      (no-slip tangential velocity, homogeneous Dirichlet, normal velocity). Default ``+1``
+      at centres, ``-1`` on faces; a face along a walled axis is the normal component,
+      which vanishes on the wall, so only ``-1`` is accepted there.
     - `width`: halo width (default ``grid.halo``).
 
     **Returns:** the field padded by ``width`` on every side of every axis, corners included.
