@@ -477,6 +477,10 @@ def test_bad_input_errors():
     # the public fold takes a NumPy f like the solver does
     folded = fold_boundary_values(np.zeros((16, 16)), walls, "dirichlet", {"x": (1.0, 0.0)})
     assert float(folded[:, 0].sum()) == pytest.approx(-2 * 16 / walls.spacing[1] ** 2)
+    # an integer f is taken in the grid's dtype (the wall value 0.3 used to be cast to 0)
+    folded = fold_boundary_values(np.zeros((16, 16), int), walls, "dirichlet", {"x": (0.3, 0)})
+    assert folded.dtype == jnp.float64
+    assert float(folded[0, 0]) == pytest.approx(-0.6 / walls.spacing[1] ** 2)
     with pytest.raises(ValueError, match="jax_enable_x64 is off"):
         with jax.enable_x64(False):
             PoissonSolver(walls, "dirichlet")

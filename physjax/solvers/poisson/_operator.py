@@ -221,9 +221,9 @@ def fold_boundary_values(
     **Returns:** the right-hand side of the equivalent homogeneous problem.
     """
     bcs = normalise_bc(bc, grid)
+    f = jnp.asarray(f, grid.dtype)  # as the solver does (an integer f kept no wall value)
     if not boundary_values:
         return f
-    f = jnp.asarray(f)
     if not isinstance(boundary_values, Mapping):
         raise ValueError(
             "boundary_values must be a mapping from axis name to (low, high), "
