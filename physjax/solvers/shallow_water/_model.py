@@ -847,9 +847,9 @@ class ShallowWater(eqx.Module):
         With a ``mesh`` the right-hand side is evaluated split over its devices, by the same
         ``shard_map`` with halo exchange as [`run`][physjax.solvers.ShallowWater.run], and
         ``sol.ys`` comes back sharded like the fields; the result equals the one-device
-        solve to round-off while both take the same steps (with adaptive steps the error
-        norm is summed in an order that depends on the layout, so a step on the edge of
-        acceptance may go differently; the runs then agree to the tolerance). The state,
+        solve to round-off while both take the same steps (with adaptive steps a step on the
+        edge of acceptance may go differently on another layout, whose results differ in the
+        last bits; the runs then agree to the tolerance). The state,
         times, ``rtol``/``atol`` and mesh are checked first.
         """
         self._check_state(state)
