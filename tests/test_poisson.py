@@ -581,6 +581,22 @@ def test_non_convergence_is_reported():
         jax.jit(lambda x: raising(x))(jnp.asarray(f)).block_until_ready()
 
 
+@pytest.mark.parametrize("method", ["cg", "multigrid"])
+def test_a_solution_below_the_smallest_normal_number_is_not_converged(method):
+    """|f| ~ 1e-36 in float32: u (~4e-39) is below float32's smallest normal number and XLA
+    flushes it to zero when the scaled iteration's u is scaled back. It used to be reported
+    converged with a residual of 2e-6; the u returned solves nothing."""
+    grid = Grid((16, 16), (1.0, 1.0), periodic=False, dtype="float32")
+    f = np.random.default_rng(3).normal(size=(16, 16)).astype(np.float32)
+    small = PoissonSolver(grid, "dirichlet", method, throw=False).solve(f * 1e-30)
+    assert bool(small.converged) and float(small.residual_norm) <= 1e-5  # scaled: still fine
+    lost = PoissonSolver(grid, "dirichlet", method, throw=False).solve(f * 1e-36)
+    assert float(jnp.max(jnp.abs(lost.u))) == 0.0
+    assert not bool(lost.converged) and float(lost.residual_norm) == 1.0
+    with pytest.raises(RuntimeError, match="flushed to zero and counts as not converged"):
+        PoissonSolver(grid, "dirichlet", method).solve(f * 1e-36)
+
+
 def test_non_finite_results_are_never_converged():
     """A diverging cycle or NaN in f used to pass the convergence test (inf ≤ inf)."""
     grid = _grid((32, 32), False)

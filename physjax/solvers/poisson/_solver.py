@@ -446,6 +446,17 @@ class PoissonSolver(eqx.Module):
                 self.max_iterations,
                 anorm,
             )
+            # A u whose values all fall below the dtype's smallest normal number (|f| ~
+            # 1e-36 in float32) is flushed to zero by XLA on the CPU when scaled back: it
+            # then solves nothing, whatever the iterations reached.
+            top_u = mg.global_max(jnp.abs(u), fine)
+            lost = (top_u > 0) & (top_u * scale < jnp.finfo(b.dtype).tiny)
+            info = info._replace(
+                converged=info.converged & ~lost,
+                residual_norm=jnp.where(
+                    lost, jnp.ones_like(info.residual_norm), info.residual_norm
+                ),
+            )
             return u * scale, info
 
         u, info = lax.custom_linear_solve(matvec, f, solve_fn, symmetric=True, has_aux=True)
@@ -508,7 +519,9 @@ class PoissonSolver(eqx.Module):
             f"{self.max_iterations} to rtol={self.rtol:g} (or its residual is not finite: "
             "NaN/Inf in f, or a diverging multigrid cycle); raise max_iterations or the "
             "tolerance, check the inputs and the coefficient (strongly varying coefficients: "
-            "method='cg'), or pass throw=False and read .converged from .solve"
+            "method='cg'), or pass throw=False and read .converged from .solve. A solution "
+            "below the dtype's smallest normal number (1.2e-38 in float32) is flushed to "
+            "zero and counts as not converged: scale f up"
         )
 
     def _solve_core(self, f, boundary_values, prechecked, residual: bool, in_graph: bool):
