@@ -538,13 +538,14 @@ def _check_overwrite(output: str, overwrite: bool) -> None:
             f"--output {output!r} exists and is not a physjax output file; pass --overwrite "
             f"to replace it, or give another --output"
         )
-    if status != STATUS_COMPLETE and not status.startswith("failed"):
-        raise ValueError(
-            f"--output {output!r} holds an unfinished run (status {status!r}); continue it "
-            f"with --resume, or pass --overwrite to replace it"
-        )
     config = attrs.get("configuration")
     command = config.get("command", "physjax") if isinstance(config, dict) else "physjax"
+    if status != STATUS_COMPLETE and not status.startswith("failed"):
+        raise ValueError(
+            f"--output {output!r} holds an unfinished {command} run (status {status!r}); "
+            f"continue it with: physjax {command} --output {shlex.quote(output)} --resume, "
+            f"or pass --overwrite to replace it"
+        )
     print(
         f"replacing the {command} run in {output} (case {attrs.get('case', '?')}, {status})",
         file=sys.stderr,

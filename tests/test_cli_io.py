@@ -827,8 +827,17 @@ def test_a_new_run_replaces_only_an_ended_physjax_run(tmp_path, capsys):
     capsys.readouterr()
     assert main(["shallow-water", *FAST, "--output", str(out)]) == 2  # unfinished: kept
     err = capsys.readouterr().err
-    assert f"--output {str(out)!r} holds an unfinished run (status 'stopped: at step" in err
-    assert "continue it with --resume, or pass --overwrite" in err
+    assert (
+        f"--output {str(out)!r} holds an unfinished shallow-water run (status 'stopped: at" in err
+    )
+    assert (
+        f"continue it with: physjax shallow-water --output {out} --resume, or pass --overwrite"
+        in err
+    )
+    # a Poisson solve aimed at it points at the shallow-water command that continues it
+    assert main(["poisson", "--n", "16", "--output", str(out)]) == 2
+    assert "continue it with: physjax shallow-water --output" in capsys.readouterr().err
+    assert out.read_bytes() == before
     assert out.read_bytes() == before
     assert main(["shallow-water", *FAST, "--output", str(out), "--resume", "--overwrite"]) == 2
     assert "--resume and --overwrite exclude each other" in capsys.readouterr().err
