@@ -203,6 +203,15 @@ def _devices_setting(value) -> int | tuple[int, ...]:
     return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
+def _layout(devices) -> tuple[int, ...]:
+    """A ``--devices`` setting as a layout: ``4``, ``"2x2"`` and ``[2, 2]`` are one layout
+    (make_mesh's for a count)."""
+    from .parallel._mesh import _default_layout
+
+    v = _devices_setting(devices)
+    return tuple(v) if isinstance(v, (tuple, list)) else _default_layout(int(v), 2)
+
+
 def _shown_devices(devices) -> str:
     return "x".join(str(d) for d in devices) if isinstance(devices, (tuple, list)) else str(devices)
 
@@ -419,22 +428,16 @@ _RESUME_FREE = ("output", "plot", "parameters", "max_frames", "quiet")
 
 def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dict) -> None:
     """A run continues with the configuration stored in its file: a setting given with
-    ``--resume`` (other than ``--output``, ``--plot``, ``--max-frames``, ``--quiet``) must not
-    differ from it. A ``--dt`` is compared with the one asked for when the run began."""
+    ``--resume`` (other than ``--output``, ``--plot``, ``--max-frames``, ``--quiet`` and
+    ``--devices``, a new layout) must not differ from it. A ``--dt`` is compared with the one asked for when the run began."""
 
     def same(a, b):
         norm = lambda v: list(v) if isinstance(v, (tuple, list)) else v  # noqa: E731
         return norm(a) == norm(b)
 
-    def layout(v):  # 4, "2x2" and [2, 2] are one layout (make_mesh's for a count)
-        from .parallel._mesh import _default_layout
-
-        v = _devices_setting(v)
-        return tuple(v) if isinstance(v, (tuple, list)) else _default_layout(int(v), 2)
-
     for key, value in given.items():
-        if key in _RESUME_FREE or value is None:
-            continue
+        if key in _RESUME_FREE or key == "devices" or value is None:
+            continue  # another device layout is allowed (see run_shallow_water)
         was = stored.get(key)
         if key == "dt" and stored.get("dt_requested") is not None:
             was = stored["dt_requested"]
@@ -444,10 +447,7 @@ def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dic
                 f"--dt {value!r} differs from the stored run, which chose dt from --cfl "
                 f"{stored['cfl']!r} (leave it out, or start a new run)"
             )
-        if key == "devices":  # 4, "4", "2x2", [2, 2]: compared as layouts
-            differs = not same(layout(value), layout(was))
-        else:
-            differs = not same(value, was)
+        differs = not same(value, was)
         if key not in stored or differs:
             if key == "cfl_check":
                 option = "--no-cfl-check" if not value else "a CFL check"
@@ -459,9 +459,6 @@ def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dic
                     if stored.get("dt_requested") is not None
                     else f"the stored dt {stored.get('dt')!r} (the file records no --cfl)"
                 )
-            elif key == "devices":
-                option = f"--devices {value!r} (layout {_shown_devices(layout(value))})"
-                was = f"the stored layout {_shown_devices(layout(was))}"
             else:
                 option = f"--{key.replace('_', '-')} {value!r}"
                 was = f"the stored {was!r}" if key in stored else f"the stored run (no {key})"
@@ -611,6 +608,7 @@ def _run_shallow_water(
     out = sys.stdout if out is None else out
     if max_frames is not None:
         max_frames = _positive_number("--max-frames", max_frames, integer=True)
+    relayout = None  # (the run's layout, the layout it continues on)
     output = settings.get("output")
     if output == "":
         raise ValueError("--output must name a file, got ''")
@@ -639,7 +637,14 @@ def _run_shallow_water(
                 f"repeat the same steps and fail again. Start a new run, e.g. with a smaller "
                 f"--dt or --cfl"
             )
+        given_devices = settings.get("devices")
         settings = {**stored, "output": output, "plot": settings.get("plot") or stored.get("plot")}
+        if given_devices is not None and _layout(given_devices) != _layout(stored.get("devices")):
+            # Continuing on another machine: the stencils are the same on every layout, but
+            # XLA compiles each layout's program on its own, so from here on the frames
+            # equal an uninterrupted run's to round-off, not bit for bit. The file says so.
+            relayout = (_layout(stored.get("devices")), _layout(given_devices))
+            settings["devices"] = given_devices
 
     # an empty string is not "no setting": it is refused below like any unknown value
     case_name = settings.get("case")
@@ -740,7 +745,15 @@ def _run_shallow_water(
                 tuple(devices) if isinstance(devices, (tuple, list)) else n_dev, ndim=2
             )
         except ValueError as e:
-            raise ValueError(f"--devices {_shown_devices(devices)}: {e}") from None
+            hint = ""
+            if resume and relayout is None:
+                hint = (
+                    f". The run began on this layout; to continue it on the devices there "
+                    f"are, give them: physjax shallow-water --output {shlex.quote(output)} "
+                    f"--resume --devices N (the frames then equal an uninterrupted run's to "
+                    f"round-off, not bit for bit)"
+                )
+            raise ValueError(f"--devices {_shown_devices(devices)}: {e}{hint}") from None
         model.check_mesh(mesh)  # the mesh divides the grid, walls keep 2 cells per device
 
     output = output or f"{case_name}.h5"
@@ -799,8 +812,17 @@ def _run_shallow_water(
                     f"--resume: the last frame of {output!r} (step {int(last['step'])}) is not "
                     f"a state the run can continue from: {e}"
                 ) from None
-            writer = NetCDFWriter.reopen(output, grid, variables)
             step0 = int(last["step"])
+            history = f"resumed at step {step0} (t = {step0 * dt:.6g} s)"
+            if relayout is not None:
+                history += (
+                    f" on devices {_shown_devices(relayout[1])}, where the run began on "
+                    f"{_shown_devices(relayout[0])}: from here the frames equal an "
+                    f"uninterrupted run's to round-off, not bit for bit"
+                )
+            writer = NetCDFWriter.reopen(output, grid, variables, history=history)
+            if relayout is not None:
+                print(f"physjax: {output}: {history}", file=sys.stderr)
             frames_before = read_attrs(output)["n_frames"]
         else:
             writer = NetCDFWriter(

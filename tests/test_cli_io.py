@@ -319,14 +319,13 @@ def test_devices_from_config_file(tmp_path, capsys):
     assert main(["shallow-water", "--config", str(cfg), "--resume"]) == 0
     with xr.open_dataset(part) as ds:
         assert ds.attrs["status"] == "complete"
-    code = main(["shallow-water", "--output", str(part), "--resume", "--devices", "4x1"])
-    assert code == 2 and "--devices (4, 1) (layout 4x1) differs from the stored layout 2x2" in (
-        capsys.readouterr().err
-    )
-    # 4 devices are make_mesh's 2x2: the same layout, written another way
+    # 4 devices are make_mesh's 2x2: the same layout, written another way (no remark)
     with h5py.File(part, "a") as f:
         f.attrs["status"] = "interrupted: by hand"
     assert main(["shallow-water", "--output", str(part), "--resume", "--devices", "4"]) == 0
+    assert "where the run began on" not in capsys.readouterr().err
+    with xr.open_dataset(part) as ds:
+        assert "on devices" not in ds.attrs["history"]
     cfg.write_text('devices = "2y2"\n')
     for command in ("shallow-water", "poisson"):
         assert main([command, "--config", str(cfg), "--output", str(tmp_path / "e.h5")]) == 2
@@ -912,6 +911,53 @@ def test_resume_refuses_a_failed_run_and_leaves_it_as_it_was(tmp_path, capsys):
     assert main(["shallow-water", "--output", str(out), "--resume", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert f"--resume: the run in {str(out)!r} failed (failed: NaN/Inf or h <= 0 at step" in err
+    assert out.read_bytes() == before
+
+
+@pytest.mark.parametrize("began, then, shown", [("2x2", "1", "1x1"), ("1", "4x1", "4x1")])
+def test_resume_continues_on_another_device_layout(tmp_path, capsys, began, then, shown):
+    """A run begun on one layout goes on on another (a 4-GPU job resumed on one GPU): the
+    result equals the uninterrupted run to round-off, the file's history and stderr say
+    where it changed, and the stored configuration keeps the layout it began with."""
+    args = ["--case", "barotropic-instability", "--nx", "32", "--ny", "16", "--t-end", "21600"]
+    args += ["--save-every", "4", "--precision", "float64", "--quiet"]
+    whole, part = tmp_path / "whole.h5", tmp_path / "part.h5"
+    assert main(["shallow-water", *args, "--devices", began, "--output", str(whole)]) == 0
+    assert main(["shallow-water", *args, "--devices", began, "--output", str(part),
+                 "--max-frames", "2"]) == 0  # fmt: skip
+    capsys.readouterr()
+    resume = ["--output", str(part), "--resume", "--devices", then, "--quiet"]
+    assert main(["shallow-water", *resume]) == 0
+    err = capsys.readouterr().err
+    assert "resumed at step 8 (t = " in err
+    was = "2x2" if began == "2x2" else "1x1"
+    assert f"on devices {shown}, where the run began on {was}: from here the frames" in err
+    with xr.open_dataset(whole) as a, xr.open_dataset(part) as b:
+        assert b.attrs["status"] == "complete" and a.sizes["time"] == b.sizes["time"] > 3
+        assert "history" not in a.attrs
+        assert b.attrs["history"].count("\n") == 0 and b.attrs["history"].endswith(
+            "not bit for bit"
+        )
+        stored = json.loads(b.attrs["configuration"])["devices"]
+        assert stored == ([2, 2] if began == "2x2" else 1)
+        for name in ("h", "u", "v"):
+            scale = float(abs(a[name]).max())
+            np.testing.assert_allclose(b[name].values, a[name].values, rtol=0, atol=1e-12 * scale)
+        np.testing.assert_array_equal(b.step.values, a.step.values)
+
+
+def test_resume_on_a_layout_there_are_not_devices_for_says_how_to_go_on(tmp_path, capsys):
+    out = tmp_path / "big.h5"
+    assert main(["shallow-water", *FAST, "--devices", "2x2", "--max-frames", "1",
+                 "--output", str(out)]) == 0  # fmt: skip
+    with h5py.File(out, "a") as f:  # as if the run had asked for more devices than there are
+        config = json.loads(f.attrs["configuration"])
+        f.attrs["configuration"] = json.dumps({**config, "devices": [4, 4]})
+    before = out.read_bytes()
+    capsys.readouterr()
+    assert main(["shallow-water", "--output", str(out), "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "--devices 4x4:" in err and "--resume --devices N" in err
     assert out.read_bytes() == before
 
 

@@ -10,8 +10,9 @@ Layout of a physjax file:
   ``location``; a ``step`` variable (time step count of each frame);
 - global attributes: ``title``, ``case``, ``physjax_version``, ``status`` (``"running"``,
   ``"complete"``, ``"interrupted: …"`` or ``"failed: …"``), ``n_frames`` (the number of
-  complete frames), ``configuration`` (the full run configuration as JSON) and one
-  ``parameter_<name>`` per physical parameter.
+  complete frames), ``configuration`` (the full run configuration as JSON), one
+  ``parameter_<name>`` per physical parameter and, once a run has been resumed, ``history``
+  (one dated line per ``--resume``).
 
 Every frame is written by opening, appending and closing the file, so a crash or a kill
 between frames leaves a valid file holding every frame written so far. A frame counts once
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import datetime
 import json
 import os
 import secrets
@@ -363,8 +365,16 @@ class NetCDFWriter:
 
     # ------------------------------------------------------------------ resume
     @classmethod
-    def reopen(cls, path: str | os.PathLike, grid: Grid, variables: Sequence[Variable]):
-        """A writer that appends to an existing file (for ``--resume``); marks it running."""
+    def reopen(
+        cls,
+        path: str | os.PathLike,
+        grid: Grid,
+        variables: Sequence[Variable],
+        *,
+        history: str | None = None,
+    ):
+        """A writer that appends to an existing file (for ``--resume``); marks it running.
+        `history`, if given, is added as a dated line to the file's ``history`` attribute."""
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise ValueError(f"cannot resume: {path!r} does not exist")
@@ -374,6 +384,11 @@ class NetCDFWriter:
                 _check_appendable(f, path, grid, w.variables.values())  # before any write
                 _drop_incomplete_frame(f)
                 f.attrs["status"] = STATUS_RUNNING
+                if history:
+                    stamp = datetime.datetime.now(datetime.UTC)
+                    line = f"{stamp:%Y-%m-%dT%H:%M:%SZ}: {history}"
+                    before = _decode(f.attrs.get("history", ""))
+                    f.attrs["history"] = f"{before}\n{line}" if before else line
         except OSError as e:
             raise ValueError(f"cannot resume: {path!r} cannot be opened for writing: {e}") from None
         return w
