@@ -429,7 +429,8 @@ _RESUME_FREE = ("output", "plot", "parameters", "max_frames", "quiet")
 def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dict) -> None:
     """A run continues with the configuration stored in its file: a setting given with
     ``--resume`` (other than ``--output``, ``--plot``, ``--max-frames``, ``--quiet`` and
-    ``--devices``, a new layout) must not differ from it. A ``--dt`` is compared with the one asked for when the run began."""
+    ``--devices``, a new layout) must not differ from it. A ``--dt`` is compared with the
+    one asked for when the run began."""
 
     def same(a, b):
         norm = lambda v: list(v) if isinstance(v, (tuple, list)) else v  # noqa: E731

@@ -297,6 +297,21 @@ def test_arrays_committed_to_one_device_solve_on_a_mesh():
         assert _rel(many(f2), one(f)) <= 1e-12
         batch = np.stack([f, -f])
         assert _rel(jax.vmap(many)(batch)[1], -one(f)) <= 1e-12
+    # a coefficient committed to one device is split like the grid when the solver is made
+    a = 1.0 + rng.random(size=(16, 16))
+    mesh = make_mesh((2, 2), 2)
+    for method in ("cg", "multigrid"):
+        ref = solve(f, grid, "dirichlet", method, coefficient=a, rtol=1e-12)
+        committed = jax.device_put(a, jax.devices()[3])
+        got = solve(f, grid, "dirichlet", method, coefficient=committed, rtol=1e-12, mesh=mesh)
+        assert _rel(got, ref) <= 1e-12, method
+        assert len(got.sharding.device_set) == 4
+
+
+@pytest.mark.parametrize("mesh", [4, (2, 2), "2x2"])
+def test_a_mesh_that_is_not_a_mesh_is_refused(mesh):
+    with pytest.raises(TypeError, match=r"mesh must be a jax.sharding.Mesh \(from physjax"):
+        PoissonSolver(_grid((16, 16), False), "dirichlet", "multigrid", mesh=mesh)
 
 
 def _assert_split(solver, u, f, layout):

@@ -151,6 +151,11 @@ class PoissonSolver(eqx.Module):
             raise ValueError(f"grid must be a physjax.grids.Grid, got {type(grid).__name__}")
         if grid.is_sharded:
             raise ValueError("grid must be undecomposed; pass the device layout as mesh=")
+        if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+            raise TypeError(
+                f"mesh must be a jax.sharding.Mesh (from physjax.parallel.make_mesh) or None, "
+                f"got {mesh!r} ({type(mesh).__name__})"
+            )
         require_enabled_dtype(grid)
         self.bc = normalise_bc(bc, grid)
         if method == "auto":
@@ -244,6 +249,9 @@ class PoissonSolver(eqx.Module):
                         f"coefficient must be finite and > 0 everywhere, got min "
                         f"{np.nanmin(a):.3g} (non-finite: {int(np.sum(~np.isfinite(a)))})"
                     )
+                # split like the grid once, here: a coefficient committed to one device
+                # (jax.device_put) would be refused by the compiled call's device check
+                coefficient = place_on_mesh(coefficient, grid, mesh)
             else:
                 coefficient = error_if(
                     coefficient,
