@@ -561,3 +561,112 @@ def test_error_point_without_coordinates():
         pg.laplacian(fn, batched=True)(jnp.zeros((4, 0)))
     with pytest.raises(ValueError, match="x must have at least one coordinate"):
         pg.gradient(fn)(jnp.zeros(0))
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_grad_of_a_jitted_loss_whose_field_closes_over_an_integer_array(batched):
+    """An index array made inside the jitted loss: jax.closure_convert left integer tracers
+    in the custom VJP's closure, and jax.grad(jax.jit(loss)) failed with "No constant
+    handler for type: DynamicJaxprTracer"."""
+    w0 = jnp.asarray(np.random.default_rng(3).normal(size=(4, 3)))
+    xs = _points(3)
+
+    def loss(w, recompute):
+        idx = jnp.arange(3)  # traced inside the jit
+
+        def u(y):
+            return jnp.sum(jnp.tanh(w @ y)[idx])
+
+        op = pg.laplacian(u, recompute=recompute, batched=batched)
+        return jnp.sum(op(xs) if batched else jax.vmap(op)(xs))
+
+    def reference(w):
+        return jnp.sum(jax.vmap(lambda y: jnp.trace(jax.hessian(lambda z: jnp.sum(
+            jnp.tanh(w @ z)[:3]))(y)))(xs))  # fmt: skip
+
+    expected = jax.grad(reference)(w0)
+    for recompute in (True, False):
+        assert _rel(jax.grad(jax.jit(lambda w, r=recompute: loss(w, r)))(w0), expected) < RTOL
+        _, pullback = jax.vjp(jax.jit(lambda w, r=recompute: loss(w, r)), w0)
+        assert _rel(pullback(1.0)[0], expected) < RTOL
+
+
+def test_forward_mode_through_the_recomputed_generic_operator():
+    x = jnp.array([0.3, 0.8])
+    f = pg.laplacian(lambda y: jnp.sin(y[0]) * y[1] ** 3)  # recompute=True, one point
+    expected = -jnp.cos(x[0]) * x[1] ** 3 + 6 * jnp.cos(x[0]) * x[1]
+    assert _rel(jax.jvp(f, (x,), (jnp.array([1.0, 0.0]),))[1], expected) < RTOL
+
+
+class _HardWalls(pg.MLP):
+    """u = x (1 - x) y (1 - y) net(x): overrides __call__ only."""
+
+    def __call__(self, x):
+        return x[0] * (1 - x[0]) * x[1] * (1 - x[1]) * super().__call__(x)
+
+
+@pytest.mark.parametrize("batched", [False, True])
+@pytest.mark.parametrize("recompute", [True, False])
+def test_a_model_subclass_that_overrides_call_gets_its_own_derivatives(batched, recompute):
+    """The inherited layer rule describes the base network, not the subclass's __call__: it
+    used to return the base MLP's Laplacian (0.109 where 0.108 is right) and mixed partial
+    (0.094 where -0.006 is right)."""
+    u = _f64(_HardWalls(2, "scalar", 8, 2, "tanh", key=jax.random.key(4)))
+    xs = jnp.asarray(np.random.default_rng(5).random((3, 2)))
+    hess = jax.vmap(jax.hessian(u))(xs)
+
+    def apply(op):
+        return op(xs) if batched else jax.vmap(op)(xs)
+
+    lap = apply(pg.laplacian(u, recompute=recompute, batched=batched))
+    mixed = apply(pg.second_partial(u, 0, 1, recompute=recompute, batched=batched))
+    assert _rel(lap, jnp.trace(hess, axis1=1, axis2=2)) < RTOL
+    assert _rel(mixed, hess[:, 0, 1]) < RTOL
+
+    # gradients in the parameters, too
+    def loss(m):
+        return jnp.sum(apply(pg.laplacian(m, recompute=recompute, batched=batched)) ** 2)
+
+    def ref(m):
+        return jnp.sum(jax.vmap(lambda y: jnp.trace(jax.hessian(m)(y)))(xs) ** 2)
+
+    assert _tree_rel(eqx.filter_grad(loss)(u), eqx.filter_grad(ref)(u)) < RTOL
+
+
+def test_an_equinox_mlp_of_a_scalar_input_takes_points_of_shape_1():
+    mlp = _f64(eqx.nn.MLP("scalar", "scalar", 8, 2, jnp.tanh, key=jax.random.key(6)))
+    xs = jnp.asarray([[0.3], [-0.7]])
+    second = jax.vmap(jax.grad(jax.grad(mlp)))(xs[:, 0])
+    assert _rel(jax.vmap(pg.laplacian(mlp))(xs), second) < RTOL
+    assert _rel(pg.laplacian(mlp, batched=True)(xs), second) < RTOL
+    assert _rel(pg.gradient(mlp)(xs[0]), jax.grad(mlp)(xs[0, 0])[None]) < RTOL
+    with pytest.raises(ValueError, match=r"in_size='scalar': points must have shape \(1,\)"):
+        pg.laplacian(mlp)(jnp.zeros(2))
+
+
+def test_recompute_under_vmap_of_a_closure_holds_no_per_point_cotangents():
+    """jax.vmap of the per-point operator of a function that is not a layered model: its
+    recomputation is a jax.checkpoint, differentiated as the vmapped block. As a per-point
+    custom VJP it formed every weight cotangent per point before the sum: 211 / 310 / 392 MB
+    against 46 / 78 / 142 MB without recompute (N = 4096, width 64, depth 2 / 4 / 8)."""
+
+    class Wrap(eqx.Module):
+        net: pg.MLP
+
+        def __call__(self, x):
+            return self.net(x)
+
+    xs = jnp.zeros((512, 2), jnp.float32)
+
+    def temp(recompute):
+        m = Wrap(pg.MLP(2, "scalar", 32, 4, key=jax.random.key(0)))
+        p, s = eqx.partition(m, eqx.is_array)
+
+        def loss(p):
+            op = pg.laplacian(eqx.combine(p, s), recompute=recompute)
+            return jnp.mean(jax.vmap(op)(xs) ** 2)
+
+        compiled = jax.jit(jax.grad(loss)).lower(p).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    assert temp(True) <= 1.25 * temp(False), (temp(True), temp(False))

@@ -28,8 +28,8 @@ import jax.numpy as jnp
 from jaxtyping import Array
 
 from ._jet import Form, elementwise_derivatives, generic_jet
-from ._models import MLP, AbstractNeuralField, FourierMLP
-from ._remat import recompute_block
+from ._models import MLP, FourierMLP, has_own_jet
+from ._remat import closure_convert, recompute_block
 
 Activation = Callable[[Array], Array]
 
@@ -180,7 +180,7 @@ def per_entry(fn: Activation) -> Activation:
 
 def is_chain(fn) -> bool:
     """Whether ``fn`` is an MLP-like chain with the hand-written batch VJP."""
-    return isinstance(fn, MLP | FourierMLP) or is_eqx_chain(fn)
+    return (isinstance(fn, MLP | FourierMLP) and has_own_jet(fn)) or is_eqx_chain(fn)
 
 
 def _chain_parts(fn):
@@ -336,7 +336,7 @@ def batch_second(fn, x: Array, directions: Array, form: Form, recompute: bool) -
     """
     if is_chain(fn):
         return chain_second(fn, x, directions, form, recompute)
-    if isinstance(fn, AbstractNeuralField):
+    if has_own_jet(fn):
 
         def point(y):
             return second_rows(fn.jet(y, directions, form, recompute).second, form)
@@ -354,7 +354,7 @@ def batch_second(fn, x: Array, directions: Array, form: Form, recompute: bool) -
         return jax.vmap(pure, (None, 0))(params, x)
     # One point to trace at: the first, or zeros for an empty batch.
     example = x[0] if x.shape[0] else jnp.zeros(x.shape[1:], x.dtype)
-    converted, consts = jax.closure_convert(pure, params, example)
+    converted, consts = closure_convert(pure, params, example)
 
     def block(args, xs):
         p, c = args

@@ -92,6 +92,19 @@ class AbstractNeuralField(eqx.Module):
         """Value ``(m,)``, directional derivatives ``(k, m)`` and second-order part at ``x``."""
 
 
+def has_own_jet(fn) -> bool:
+    """Whether ``fn`` is an [`AbstractNeuralField`][] whose ``jet`` describes its
+    ``__call__``: a subclass that overrides ``__call__`` without its own ``jet`` (say a hard
+    boundary condition, ``x (1 - x) net(x)``) would get the base network's derivatives from
+    the inherited ``jet``, so it takes the generic path instead."""
+    if not isinstance(fn, AbstractNeuralField):
+        return False
+    mro = type(fn).__mro__
+    call_owner = next(k for k in mro if "__call__" in vars(k))
+    jet_owner = next(k for k in mro if "jet" in vars(k))
+    return not (call_owner is not jet_owner and issubclass(call_owner, jet_owner))
+
+
 def _init_linears(sizes: Sequence[int], key: PRNGKeyArray, dtype) -> tuple[eqx.nn.Linear, ...]:
     keys = jax.random.split(key, len(sizes) - 1)
     return tuple(

@@ -33,6 +33,35 @@ def _bwd(fn, residuals, cotangent):
 recompute_block.defvjp(_fwd, _bwd)
 
 
+def closure_convert(fn: Callable[..., Any], *example_args: Any) -> tuple[Callable, list]:
+    """``jax.closure_convert`` that hoists every traced value ``fn`` closes over.
+
+    ``jax.closure_convert`` hoists only values that may carry a tangent (floating-point
+    tracers); an integer or boolean array made inside a ``jit`` (an index, a mask) stays in
+    the converted function's closure. A custom VJP whose backward pass is traced outside
+    that ``jit`` (``jax.grad(jax.jit(loss))``) then meets a tracer of a finished trace. Here
+    every tracer among the closure's constants becomes an explicit input (integer ones get
+    the ``float0`` cotangent of any integer input); concrete constants stay in the closure.
+    """
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*example_args)
+    consts = list(closed.consts)
+    traced = [isinstance(c, jax.core.Tracer) for c in consts]
+    hoisted = [c for c, t in zip(consts, traced) if t]
+    in_tree = jax.tree.structure(example_args)
+    out_tree = jax.tree.structure(out_shape)
+    n_args = len(example_args)
+
+    def converted(*args_and_hoisted):
+        args, given = args_and_hoisted[:n_args], iter(args_and_hoisted[n_args:])
+        flat, tree = jax.tree.flatten(tuple(args))
+        if tree != in_tree:
+            raise TypeError(f"expected arguments of structure {in_tree}, got {tree}")
+        merged = [next(given) if t else c for c, t in zip(consts, traced)]
+        return jax.tree.unflatten(out_tree, jax.core.eval_jaxpr(closed.jaxpr, merged, *flat))
+
+    return converted, hoisted
+
+
 def apply_block(fn: Callable[[Any, Any], Any], params: Any, carry: Any, recompute: bool) -> Any:
     """``fn(params, carry)`` as a ``jax.checkpoint`` block (saves its inputs) when ``recompute``.
 
