@@ -57,7 +57,7 @@ def closure_convert(fn: Callable[..., Any], *example_args: Any) -> tuple[Callabl
         if tree != in_tree:
             raise TypeError(f"expected arguments of structure {in_tree}, got {tree}")
         merged = [next(given) if t else c for c, t in zip(consts, traced)]
-        return jax.tree.unflatten(out_tree, jax.core.eval_jaxpr(closed.jaxpr, merged, *flat))
+        return jax.tree.unflatten(out_tree, _eval_jaxpr(closed.jaxpr, merged, *flat))
 
     return converted, hoisted
 
@@ -74,3 +74,12 @@ def apply_block(fn: Callable[[Any, Any], Any], params: Any, carry: Any, recomput
     if recompute:
         return jax.checkpoint(fn)(params, carry)
     return fn(params, carry)
+
+
+def _eval_jaxpr(jaxpr, consts, *args):
+    evaluate = getattr(jax.core, "eval_jaxpr", None)
+    if evaluate is not None:
+        return evaluate(jaxpr, consts, *args)
+    from jax.extend.core import ClosedJaxpr, jaxpr_as_fun  # where jax.core no longer has it
+
+    return jaxpr_as_fun(ClosedJaxpr(jaxpr, consts))(*args)
