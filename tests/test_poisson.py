@@ -856,3 +856,23 @@ def test_max_coarse_below_the_default_stop_is_reached():
     assert bool(sol.converged) and _rel(sol.u, ref) <= 1e-8
     with pytest.raises(ValueError, match=r"does not reach a level of ≤ max_coarse=1 cells"):
         PoissonSolver(grid, "dirichlet", "multigrid", max_coarse=1)
+
+
+def test_float32_multigrid_that_stalls_under_a_strong_coefficient_is_not_converged():
+    """A coefficient varying by 1e8 from cell to cell: the float32 multigrid cycle stalls
+    at 8% of ‖f‖. The round-off allowance of the convergence flag was eps ‖A‖ ‖u‖, with
+    ‖A‖ bounded by max(a), which let that count as converged (no error with throw=True);
+    it is now the componentwise eps ‖|A| |u|‖ (the old allowance was 8e-2 of ‖f‖ here)."""
+    n = 128
+    grid = Grid((n, n), (1.0, 1.0), periodic=(False, False), dtype="float32")
+    f = np.random.default_rng(1).standard_normal((n, n))
+    a = 10 ** (8 * np.random.default_rng(3).random((n, n)))
+    sol = PoissonSolver(grid, "dirichlet", "multigrid", coefficient=a, throw=False).solve(f)
+    assert int(sol.iterations) == 100 and float(sol.residual_norm) > 1e-2
+    assert not bool(sol.converged)  # was True
+    with pytest.raises(RuntimeError, match="did not converge within max_iterations=100"):
+        PoissonSolver(grid, "dirichlet", "multigrid", coefficient=a)(f)
+    # the same flag still passes a float32 solve that reaches round-off: contrast 1e2
+    mild = 10 ** (2 * np.random.default_rng(3).random((n, n)))
+    sol = PoissonSolver(grid, "dirichlet", "multigrid", coefficient=mild, throw=False).solve(f)
+    assert bool(sol.converged) and float(sol.residual_norm) <= 1e-4

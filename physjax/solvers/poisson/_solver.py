@@ -25,6 +25,7 @@ from ._operator import (
     fold_boundary_values,
     is_singular,
     normalise_bc,
+    operator_diagonal,
     parity_of,
 )
 from ._spectral import spectral_solve_local, spectral_solve_sharded
@@ -86,7 +87,7 @@ class PoissonSolver(eqx.Module):
     - `rtol`, `atol`: stop when ``‖f - A u‖₂ ≤ max(rtol ‖f‖₂, atol)`` (iterative methods;
       default ``rtol`` 1e-10 in float64 and 1e-5 in float32), or when an iteration
       changes ``u`` by less than 10 ulps; converged when the residual is within
-      ``max(rtol ‖f‖₂, atol) + eps ‖A‖ ‖u‖``, the residual that rounding ``u`` leaves (in
+      ``max(rtol ‖f‖₂, atol) + eps ‖|A| |u|‖``, the residual that rounding ``u`` leaves (in
       float32 above ``rtol`` on most grids: docs/poisson.md).
     - `max_iterations`: cycles or CG iterations before giving up (default 100).
     - `cycle`: ``"V"`` (default) or ``"F"``.
@@ -428,10 +429,13 @@ class PoissonSolver(eqx.Module):
 
         iterate = mg.conjugate_gradient if self.method == "cg" else mg.multigrid_iterate
 
-        # ‖A‖∞ ≤ Σ_axes 4 max(a) / h²: sets the round-off level of the residual
-        # (a bound for the stopping rule only: no derivative, and pmax has no JVP rule)
-        a_max = 1.0 if a is None else mg.global_max(lax.stop_gradient(a), fine)
-        anorm = a_max * sum(4.0 / h**2 for h in fine.spacing)
+        # |A| |u| = A|u| - 2 diag(A) |u| (diagonal ≤ 0, couplings ≥ 0): sets the round-off
+        # level of the residual (for the convergence flag only: no derivative)
+        diag = lax.stop_gradient(operator_diagonal(fine, parity, faces, dtype))
+
+        def abs_operator(u):
+            au = jnp.abs(u)
+            return matvec(au) - 2 * diag * au
 
         def solve_fn(_matvec, b):
             if self.singular:
@@ -452,7 +456,7 @@ class PoissonSolver(eqx.Module):
                 self.rtol,
                 self.atol / scale,
                 self.max_iterations,
-                anorm,
+                abs_operator,
             )
             # A u whose values all fall below the dtype's smallest normal number (|f| ~
             # 1e-36 in float32) is flushed to zero by XLA on the CPU when scaled back: it
