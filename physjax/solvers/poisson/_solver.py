@@ -431,7 +431,10 @@ class PoissonSolver(eqx.Module):
 
         # |A| |u| = A|u| - 2 diag(A) |u| (diagonal ≤ 0, couplings ≥ 0): sets the round-off
         # level of the residual (for the convergence flag only: no derivative)
-        diag = lax.stop_gradient(operator_diagonal(fine, parity, faces, dtype))
+        diag = data.diag[0]  # the smoother's; absent when the fine level is gathered
+        if diag is None:
+            diag = operator_diagonal(fine, parity, faces, dtype)
+        diag = lax.stop_gradient(diag)
 
         def abs_operator(u):
             au = jnp.abs(u)
