@@ -1,6 +1,8 @@
-"""Poisson benchmark: physjax spectral vs scipy.fft, multigrid-CG vs scipy CG (and pyamg).
+"""Poisson benchmark: physjax spectral vs scipy.fft, multigrid-CG vs scipy CG (and pyamg),
+and MG-CG in a time stepper's sequence of solves from zero against from the previous step.
 
-Run: ``python benchmarks/poisson.py [--quick]``. Prints one table and writes
+Run: ``python benchmarks/poisson.py [--quick] [--only spectral|krylov|warm]``. Prints the
+tables and writes
 ``benchmarks/results/poisson.json``. float64 throughout.
 """
 
@@ -222,23 +224,73 @@ def krylov_rows(sizes, scipy_cg_max):
     return rows
 
 
+def warm_start_rows(sizes, steps=10):
+    """A time stepper's sequence of solves: a source that moves a quarter cell per step
+    (an advective CFL number of 0.25), solved by MG-CG from zero and from the previous
+    step's solution (``initial_guess``). Both to the same ``RTOL`` relative to ``‖f‖``."""
+    rows = []
+    for n in sizes:
+        grid = Grid((n, n), (1.0, 1.0), periodic=False, dtype="float64")
+        y, x = grid.mesh_coordinates(("centre", "centre"))
+        a = 1 + 0.5 * jnp.sin(2 * np.pi * x) * jnp.sin(np.pi * y)  # a varying coefficient
+        solver = PoissonSolver(grid, "dirichlet", "cg", coefficient=a, rtol=RTOL)
+        width = 0.1
+        fs = [
+            jnp.exp(-((x - 0.3 - 0.25 * k / n) ** 2 + (y - 0.5) ** 2) / width**2)
+            for k in range(steps + 1)
+        ]
+        first = solver(fs[0])
+
+        def cold(solver=solver, fs=fs):
+            return [int(solver.solve(f).iterations) for f in fs[1:]]
+
+        def warm(solver=solver, fs=fs, first=first):
+            u, its = first, []
+            for f in fs[1:]:
+                sol = solver.solve(f, initial_guess=u)
+                u = sol.u
+                its.append(int(sol.iterations))
+            return its
+
+        t_cold, t_warm = interleaved(cold, warm, repeats=3, min_time=1.0)
+        row = dict(
+            shape=f"{n}x{n}",
+            steps=steps,
+            cold_s_per_step=t_cold / steps,
+            warm_s_per_step=t_warm / steps,
+            cold_iterations=cold(),
+            warm_iterations=warm(),
+            speedup=t_cold / t_warm,
+        )
+        rows.append(row)
+        print(
+            f"warm start {row['shape']}: {row['cold_s_per_step']:.3g} s/step from zero "
+            f"(iterations {row['cold_iterations']}), {row['warm_s_per_step']:.3g} s/step from "
+            f"the previous step (iterations {row['warm_iterations']}): {row['speedup']:.2f}x",
+            flush=True,
+        )
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--quick", action="store_true", help="small sizes only")
     parser.add_argument(
-        "--only", choices=("spectral", "krylov"), help="run one of the two tables only"
+        "--only", choices=("spectral", "krylov", "warm"), help="run one of the tables only"
     )
     parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "poisson.json"))
     args = parser.parse_args()
     if args.quick:
         spec_sizes = [(256, 256), (64, 64, 64)]
         kry_sizes = [(256, 256)]
+        warm_sizes = [128]
     else:
         spec_sizes = [(256, 256), (1024, 1024), (2048, 2048), (128, 128, 128)]
         # and a thin layer (8 layers of 12.5 m under 15.6 km cells, no flux through top and
         # bottom: the vertical coupling is 1e6 times the horizontal): multigrid relaxes lines
         thin = ((8, 256, 256), (100.0, 4e6, 4e6), ("neumann", "dirichlet", "dirichlet"))
         kry_sizes = [(256, 256), (1024, 1024), (128, 128, 128), thin]
+        warm_sizes = [256, 1024]
     info = dict(
         machine=platform.processor() or platform.machine(),
         cpus=os.cpu_count(),
@@ -250,10 +302,13 @@ def main():
         allocator_tuned=ALLOCATOR_TUNED,
     )
     print(info)
-    spec = [] if args.only == "krylov" else spectral_rows(spec_sizes)
-    kry = [] if args.only == "spectral" else krylov_rows(kry_sizes, scipy_cg_max=2**16)
+    only = args.only
+    spec = spectral_rows(spec_sizes) if only in (None, "spectral") else []
+    kry = krylov_rows(kry_sizes, scipy_cg_max=2**16) if only in (None, "krylov") else []
+    warm = warm_start_rows(warm_sizes) if only in (None, "warm") else []
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(dict(info=info, spectral=spec, krylov=kry), indent=2))
+    results = dict(info=info, spectral=spec, krylov=kry, warm_start=warm)
+    Path(args.output).write_text(json.dumps(results, indent=2))
     print(f"wrote {args.output}")
 
 

@@ -78,6 +78,60 @@ def test_output_file_format(tmp_path):
     assert (tmp_path / "q.png").stat().st_size > 10_000
 
 
+def test_files_are_understood_by_xgcm_and_cf_xarray(tmp_path):
+    # The staggering metadata read by the tools a user would reach for: xgcm builds its
+    # axes from `axis` and `c_grid_axis_shift` alone, and its own differences of u and v
+    # give back the relative vorticity stored at the corners; cf_xarray finds the axes and
+    # the SGRID topology variable.
+    import cf_xarray  # noqa: F401  (registers the .cf accessor; both are in the test extra)
+    import xgcm
+
+    out = tmp_path / "b.h5"
+    args = ["--case", "barotropic-instability", "--nx", "32", "--ny", "16", "--t-end", "20000"]
+    assert (
+        main(["shallow-water", *args, "--precision", "float64", "--quiet", "--output", str(out)])
+        == 0
+    )
+    with xr.open_dataset(out) as ds:
+        grid = xgcm.Grid(ds, padding={"X": "periodic", "Y": "extend"})
+        assert set(grid.axes) == {"X", "Y"}
+        assert grid.axes["X"].coords == {"center": "x", "left": "x_f"}
+        assert grid.axes["Y"].coords == {"center": "y", "left": "y_f"}
+        dx, dy = float(ds["x"][1] - ds["x"][0]), float(ds["y"][1] - ds["y"][0])
+        zeta = grid.diff(ds["v"], "X") / dx - grid.diff(ds["u"], "Y") / dy
+        assert zeta.dims == ds["zeta"].dims
+        scale = float(abs(ds["zeta"]).max())
+        assert scale > 1e-6  # the jet's shear
+        # every corner, the walls' included (free slip: zeta = 0 there, and u is extended)
+        assert float(abs(zeta - ds["zeta"]).max()) <= 1e-12 * scale
+        assert ds.cf.axes == {"X": ["x", "x_f"], "Y": ["y", "y_f"]}
+        assert ds.cf["grid_topology"].name == "grid"
+    p3 = tmp_path / "p3.h5"
+    assert (
+        main(
+            [
+                "poisson",
+                "--nz",
+                "8",
+                "--n",
+                "16",
+                "--case",
+                "neumann",
+                "--quiet",
+                "--output",
+                str(p3),
+            ]
+        )
+        == 0
+    )
+    with xr.open_dataset(p3) as ds:
+        grid = xgcm.Grid(ds, padding="extend")
+        assert {name: axis.coords for name, axis in grid.axes.items()} == {
+            a.upper(): {"center": a, "left": f"{a}_f"} for a in "zyx"
+        }
+        assert ds.cf.axes == {"X": ["x", "x_f"], "Y": ["y", "y_f"], "Z": ["z", "z_f"]}
+
+
 def test_resume_equals_uninterrupted_bit_for_bit(tmp_path):
     args = [
         "--case",

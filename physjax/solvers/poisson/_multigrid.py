@@ -486,13 +486,32 @@ def _converged(rnorm, tol, u, unorm, grid, abs_operator):
     return finite & (rnorm <= tol + _round_off(u, grid, u.dtype, abs_operator))
 
 
+def _first_iterate(x0, f, fnorm, matvec, grid: Grid):
+    """``(x0, f - A x0, ‖f - A x0‖, ‖x0‖)``; from zero without an operator application."""
+    if x0 is None:
+        zero = jnp.zeros_like(f)
+        return zero, f, fnorm, jnp.zeros_like(fnorm)
+    r0 = f - matvec(x0)
+    return x0, r0, jnp.sqrt(global_dot(r0, r0, grid)), jnp.sqrt(global_dot(x0, x0, grid))
+
+
 def multigrid_iterate(
-    matvec, precondition, f, grid: Grid, singular: bool, rtol, atol, max_iterations, abs_operator
+    matvec,
+    precondition,
+    f,
+    grid: Grid,
+    singular: bool,
+    rtol,
+    atol,
+    max_iterations,
+    abs_operator,
+    u0=None,
 ):
     """Stationary iteration ``u ← u + M(f - A u)`` until ``‖f - A u‖ ≤ max(rtol ‖f‖, atol)``,
     or until a cycle changes ``u`` by less than ``STALL_ULPS`` ulps (the precision is
     exhausted: in float32 the residual stops falling long before ``u`` stops improving).
-    ``converged``: the residual is within ``max(rtol ‖f‖, atol) + eps ‖|A| |u|‖``."""
+    ``converged``: the residual is within ``max(rtol ‖f‖, atol) + eps ‖|A| |u|‖``. ``u0``:
+    the first iterate (default zero)."""
     fnorm = jnp.sqrt(global_dot(f, f, grid))
     tol = _tolerance(fnorm, rtol, atol)
 
@@ -510,16 +529,25 @@ def multigrid_iterate(
         norm = lambda v: jnp.sqrt(global_dot(v, v, grid))  # noqa: E731
         return u, r, norm(r), norm(d), norm(u), k + 1
 
-    u0 = jnp.zeros_like(f)
     inf = jnp.full((), jnp.inf, fnorm.dtype)
-    state = (u0, f, fnorm, inf, jnp.zeros_like(fnorm), jnp.asarray(0))
+    u0, r0, r0norm, u0norm = _first_iterate(u0, f, fnorm, matvec, grid)
+    state = (u0, r0, r0norm, inf, u0norm, jnp.asarray(0))
     u, _, rnorm, _, unorm, k = lax.while_loop(cond, body, state)
     rel = rnorm / jnp.where(fnorm > 0, fnorm, 1)
     return u, IterativeInfo(k, rel, _converged(rnorm, tol, u, unorm, grid, abs_operator))
 
 
 def conjugate_gradient(
-    matvec, precondition, f, grid: Grid, singular: bool, rtol, atol, max_iterations, abs_operator
+    matvec,
+    precondition,
+    f,
+    grid: Grid,
+    singular: bool,
+    rtol,
+    atol,
+    max_iterations,
+    abs_operator,
+    x0=None,
 ):
     """Preconditioned CG for the negative semi-definite operator (signs absorbed).
 
@@ -527,7 +555,8 @@ def conjugate_gradient(
     or a step below ``STALL_ULPS`` ulps of ``x``). The residual reported, and checked for
     ``converged``, is the true ``‖f - A x‖`` of the returned ``x`` (one more operator
     application): in float32 the updated residual keeps falling long after the true one
-    has reached round-off.
+    has reached round-off. ``x0``: the first iterate (default zero); the tolerance stays
+    relative to ``‖f‖``, so a close guess ends the loop sooner.
     """
     fnorm = jnp.sqrt(global_dot(f, f, grid))
     tol = _tolerance(fnorm, rtol, atol)
@@ -556,10 +585,11 @@ def conjugate_gradient(
         norm = lambda v: jnp.sqrt(global_dot(v, v, grid))  # noqa: E731
         return x, r, p, rz, norm(r), jnp.abs(alpha) * norm(p), norm(x), k + 1
 
-    x0 = jnp.zeros_like(f)
+    zero = jnp.zeros_like(f)
     one = jnp.ones((), f.dtype)
     inf = jnp.full((), jnp.inf, fnorm.dtype)
-    state = (x0, f, x0, one, fnorm, inf, jnp.zeros_like(fnorm), jnp.asarray(0))
+    x0, r0, r0norm, x0norm = _first_iterate(x0, f, fnorm, matvec, grid)
+    state = (x0, r0, zero, one, r0norm, inf, x0norm, jnp.asarray(0))
     x, *_, k = lax.while_loop(cond, body, state)
     if singular:
         x = remove_mean(x, grid)

@@ -402,8 +402,9 @@ class PoissonSolver(eqx.Module):
         return self._require_compatible(f, *_mean_and_scale(f), f)
 
     # ------------------------------------------------------------------ solve
-    def _solve_local(self, grid: Grid, f, coefficient, coarse_inverse):
-        """Body run on each device (or once); ``grid`` is the local view."""
+    def _solve_local(self, grid: Grid, f, coefficient, coarse_inverse, guess=None):
+        """Body run on each device (or once); ``grid`` is the local view. ``guess``: the
+        iterative methods' first iterate (a direct solve has no use for it)."""
         bc = self.bc
         dtype = f.dtype
         if self.method == "spectral":
@@ -440,7 +441,8 @@ class PoissonSolver(eqx.Module):
             au = jnp.abs(u)
             return matvec(au) - 2 * diag * au
 
-        def solve_fn(_matvec, b):
+        def solve_fn(_matvec, rhs):
+            b, x0 = (rhs[0], rhs[1]) if guess is not None else (rhs, None)
             if self.singular:
                 b = mg.remove_mean(b, fine)
             # Iterate on b / 2^e, 2^e ~ max|b|: the norms are square roots of sums of
@@ -460,6 +462,7 @@ class PoissonSolver(eqx.Module):
                 self.atol / scale,
                 self.max_iterations,
                 abs_operator,
+                None if x0 is None else x0 / scale,
             )
             # A u whose values all fall below the dtype's smallest normal number (|f| ~
             # 1e-36 in float32) is flushed to zero by XLA on the CPU when scaled back: it
@@ -472,29 +475,44 @@ class PoissonSolver(eqx.Module):
                     lost, jnp.ones_like(info.residual_norm), info.residual_norm
                 ),
             )
-            return u * scale, info
+            u = u * scale
+            return (jnp.stack([u, x0]) if guess is not None else u), info
 
-        u, info = lax.custom_linear_solve(matvec, f, solve_fn, symmetric=True, has_aux=True)
-        return u, info
+        if guess is None:
+            return lax.custom_linear_solve(matvec, f, solve_fn, symmetric=True, has_aux=True)
+        # The guess rides in the right-hand side, the identity its block of the operator:
+        # the solve, (A⁻¹ b, g), is then linear in (b, g) as custom_linear_solve requires,
+        # and the solves for tangents and cotangents start from the guess's own tangent or
+        # cotangent — zero — rather than from a guess made for u. One stacked array, not a
+        # pair: jax's rule for tangents cannot take a pair with one zero tangent.
+        x, info = lax.custom_linear_solve(
+            lambda x: jnp.stack([matvec(x[0]), x[1]]),
+            jnp.stack([f, lax.stop_gradient(guess)]),
+            solve_fn,
+            symmetric=True,
+            has_aux=True,
+        )
+        return x[0], info
 
-    def _run(self, f, coefficient):
+    def _run(self, f, coefficient, guess=None):
         grid = _internal_grid(self.grid)
         fn = self._solve_local
         if self.mesh is None or self.mesh.size == 1:
-            return fn(grid, f, coefficient, self.coarse_inverse)
+            return fn(grid, f, coefficient, self.coarse_inverse, guess)
         local = decompose(grid, self.mesh)
         spec = field_spec(grid, self.mesh)
         rep = PartitionSpec()
         info_spec = mg.IterativeInfo(rep, rep, rep)
         a_spec = None if coefficient is None else spec
         inv_spec = None if self.coarse_inverse is None else rep
+        guess_spec = None if guess is None else spec
         return jax.shard_map(
-            lambda f_, a_, inv_: fn(local, f_, a_, inv_),
+            lambda f_, a_, inv_, g_: fn(local, f_, a_, inv_, g_),
             mesh=self.mesh,
-            in_specs=(spec, a_spec, inv_spec),
+            in_specs=(spec, a_spec, inv_spec, guess_spec),
             out_specs=(spec, info_spec),
             check_vma=False,
-        )(f, coefficient, self.coarse_inverse)
+        )(f, coefficient, self.coarse_inverse, guess)
 
     def _precheck(self, f, boundary_values) -> bool | None:
         """Configuration-level checks on a concrete (already shape-checked) ``f``, before
@@ -514,7 +532,13 @@ class PoissonSolver(eqx.Module):
                 return True
         return False
 
-    def solve(self, f: Field, boundary_values: Mapping[str, Any] | None = None) -> PoissonSolution:
+    def solve(
+        self,
+        f: Field,
+        boundary_values: Mapping[str, Any] | None = None,
+        *,
+        initial_guess: Field | None = None,
+    ) -> PoissonSolution:
         """Solve and report diagnostics.
 
         **Arguments:**
@@ -523,10 +547,16 @@ class PoissonSolver(eqx.Module):
           for batches).
         - `boundary_values`: inhomogeneous wall values, see
           [`physjax.solvers.poisson.fold_boundary_values`][].
+        - `initial_guess`: where `multigrid` and `cg` start (default zero), e.g. the
+          previous time step's solution; the tolerance stays relative to ``‖f‖``, so a
+          close guess takes fewer iterations. It changes neither the problem nor the
+          derivatives (no gradient flows into it); `spectral` ignores it.
 
         **Returns:** a [`physjax.solvers.poisson.PoissonSolution`][].
         """
-        return _dispatch(self, f, boundary_values, _solve_fast, PoissonSolver._solve_jit)
+        return _dispatch(
+            self, f, boundary_values, _solve_fast, PoissonSolver._solve_jit, initial_guess
+        )
 
     def _not_converged_message(self) -> str:
         return (
@@ -539,7 +569,9 @@ class PoissonSolver(eqx.Module):
             "zero and counts as not converged: scale f up"
         )
 
-    def _solve_core(self, f, boundary_values, prechecked, residual: bool, in_graph: bool):
+    def _solve_core(
+        self, f, boundary_values, prechecked, residual: bool, in_graph: bool, guess=None
+    ):
         b = self.rhs(f, boundary_values)
         # Checked alongside a one-device spectral solve: the mean is the transform's zero
         # mode, so only max |f| costs a pass of its own.
@@ -562,7 +594,7 @@ class PoissonSolver(eqx.Module):
             scale = _sampled_max_abs(b) if not in_graph else jnp.max(jnp.abs(b))
             stats = (total / b.size, scale)
         else:
-            u, info = self._run(b, self.coefficient)
+            u, info = self._run(b, self.coefficient, guess)
         if self.method == "spectral":
             if residual:
                 rel = _relative_norm(b - self.operator(u), b)
@@ -574,14 +606,23 @@ class PoissonSolver(eqx.Module):
         return u, info, stats
 
     @eqx.filter_jit
-    def _solve_jit(self, f, boundary_values, prechecked=False, in_graph=True):
-        u, info, stats = self._solve_core(f, boundary_values, prechecked, True, in_graph)
+    def _solve_jit(self, f, boundary_values, prechecked=False, in_graph=True, guess=None):
+        u, info, stats = self._solve_core(f, boundary_values, prechecked, True, in_graph, guess)
         sol = PoissonSolution(u, info.residual_norm, info.iterations, info.converged)
         return sol, info.converged, stats
 
-    def __call__(self, f: Field, boundary_values: Mapping[str, Any] | None = None) -> Field:
-        """The solution ``u`` of the grid's shape (see [`solve`][] for diagnostics)."""
-        return _dispatch(self, f, boundary_values, _call_fast, PoissonSolver._call_jit)
+    def __call__(
+        self,
+        f: Field,
+        boundary_values: Mapping[str, Any] | None = None,
+        *,
+        initial_guess: Field | None = None,
+    ) -> Field:
+        """The solution ``u`` of the grid's shape (see [`solve`][] for diagnostics and
+        `initial_guess`)."""
+        return _dispatch(
+            self, f, boundary_values, _call_fast, PoissonSolver._call_jit, initial_guess
+        )
 
     def _checked(self, out, stats, f, boundary_values=None):
         """``out``, once the mean and max |f| computed alongside the solve pass the check
@@ -602,20 +643,25 @@ class PoissonSolver(eqx.Module):
         return PoissonSolver._require_compatible(self, out, mean, scale, f)
 
     @eqx.filter_jit
-    def _call_jit(self, f, boundary_values, prechecked=False, in_graph=True):
-        u, info, stats = self._solve_core(f, boundary_values, prechecked, False, in_graph)
+    def _call_jit(self, f, boundary_values, prechecked=False, in_graph=True, guess=None):
+        u, info, stats = self._solve_core(f, boundary_values, prechecked, False, in_graph, guess)
         return u, info.converged, stats
 
 
-def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general):
-    """Check ``f``, solve by ``fast(solver, f, prechecked)`` (no boundary values) or
-    ``general(solver, f, boundary_values, prechecked)``, and apply the compatibility check.
+def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=None):
+    """Check ``f``, solve by ``fast(solver, f, prechecked, in_graph, guess)`` (no boundary
+    values) or ``general(solver, f, boundary_values, prechecked, in_graph, guess)``, and
+    apply the compatibility check.
 
     A function, with the methods taken from the class: on an instance equinox builds a
     bound-method module at every attribute access, a noticeable part of a small solve.
     """
     cls = type(solver)
     f = cls._check_field(solver, f, "f")
+    if guess is not None:
+        guess = cls._check_field(solver, guess, "initial_guess")
+        if solver.method == "spectral":
+            guess = None  # a direct solve: nothing to start from (and no second compilation)
     if isinstance(boundary_values, Mapping):
         # the shape of each entry is checked here, on the values as given: inside the
         # compiled call the message would show tracers instead
@@ -633,15 +679,15 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general):
             boundary_values,
         )
     # arrays committed to one device would be refused by the compiled call's device check
-    f, boundary_values = place_on_mesh((f, boundary_values), solver.grid, solver.mesh)
+    f, boundary_values, guess = place_on_mesh((f, boundary_values, guess), solver.grid, solver.mesh)
     prechecked = cls._precheck(solver, f, boundary_values)
     # Called eagerly (nothing traced), a solve that does not converge raises here, in
     # Python, with the solver's own message; inside a transformation through eqx.error_if.
-    eager = all(is_concrete(x) for x in jax.tree.leaves((solver, f, boundary_values)))
+    eager = all(is_concrete(x) for x in jax.tree.leaves((solver, f, boundary_values, guess)))
     if boundary_values is None:
-        out, converged, stats = fast(solver, f, prechecked, not eager)
+        out, converged, stats = fast(solver, f, prechecked, not eager, guess)
     else:
-        out, converged, stats = general(solver, f, boundary_values, prechecked, not eager)
+        out, converged, stats = general(solver, f, boundary_values, prechecked, not eager, guess)
     out = cls._checked(solver, out, stats, f, boundary_values)
     if eager and solver.throw and solver.method != "spectral" and not bool(converged):
         raise RuntimeError(cls._not_converged_message(solver))
@@ -653,14 +699,14 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general):
 # Python per call than ``eqx.filter_jit``, which the calls with boundary values (Python
 # numbers among them, kept static) still use.
 @functools.partial(jax.jit, static_argnames=("prechecked", "in_graph"))
-def _call_fast(solver: PoissonSolver, f, prechecked, in_graph):
-    u, info, stats = solver._solve_core(f, None, prechecked, False, in_graph)
+def _call_fast(solver: PoissonSolver, f, prechecked, in_graph, guess=None):
+    u, info, stats = solver._solve_core(f, None, prechecked, False, in_graph, guess)
     return u, info.converged, stats
 
 
 @functools.partial(jax.jit, static_argnames=("prechecked", "in_graph"))
-def _solve_fast(solver: PoissonSolver, f, prechecked, in_graph):
-    u, info, stats = solver._solve_core(f, None, prechecked, True, in_graph)
+def _solve_fast(solver: PoissonSolver, f, prechecked, in_graph, guess=None):
+    u, info, stats = solver._solve_core(f, None, prechecked, True, in_graph, guess)
     sol = PoissonSolution(u, info.residual_norm, info.iterations, info.converged)
     return sol, info.converged, stats
 
@@ -704,6 +750,7 @@ def solve(
     coefficient: Any = None,
     boundary_values: Mapping[str, Any] | None = None,
     mesh: Mesh | None = None,
+    initial_guess: Field | None = None,
     **options: Any,
 ) -> Field:
     r"""Solve ∇²u = f, or ∇·(a∇u) = f with ``coefficient=a``, on cell centres.
@@ -722,10 +769,12 @@ def solve(
     - `boundary_values`: ``{"x": (low, high), …}`` wall values (Dirichlet: ``u`` on the
       wall; Neumann: ``∂u/∂x`` on the wall).
     - `mesh`: device mesh for a multi-device solve.
+    - `initial_guess`: the first iterate of `multigrid`/`cg` (see
+      [`physjax.solvers.poisson.PoissonSolver.solve`][]).
     - `options`: ``rtol``, ``atol``, ``max_iterations``, ``cycle``, ``smoothing``,
       ``max_coarse``, ``compatibility``, ``laplacian``, ``throw``.
 
     **Returns:** ``u``, the grid's shape.
     """
     solver = PoissonSolver(grid, bc, method, coefficient=coefficient, mesh=mesh, **options)
-    return solver(f, boundary_values)
+    return solver(f, boundary_values, initial_guess=initial_guess)
