@@ -276,12 +276,13 @@ def test_no_slip_channel_flow_converges_second_order():
         )
         h = jnp.full(grid.shape, depth)
 
+        @jax.jit  # (op by op, the Jacobians of the three sizes took ~90 s)
         def tendency(u, model=model, h=h, shape=grid.shape):
             state = model.initial_state(h, jnp.broadcast_to(u[:, None], shape))
             return model.rhs(state).u[:, 0]
 
         zero = jnp.zeros(ny)
-        matrix = jax.jacfwd(tendency)(zero)  # linear in u(y) with v = 0, h uniform
+        matrix = jax.jit(jax.jacfwd(tendency))(zero)  # linear in u(y) with v = 0, h uniform
         u = np.linalg.solve(np.asarray(matrix), -np.asarray(tendency(zero)))
         y = grid.coordinates("y")
         exact = forcing / (2 * nu) * y * (length - y)
