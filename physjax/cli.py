@@ -317,6 +317,9 @@ class _StopRequest:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     def _terminate(self, signum, frame):
+        # Also asked as a stop at the next frame: an exception raised while Python runs a
+        # garbage-collector callback (jax has one) is printed and dropped, not propagated.
+        self.requested = True
         print("\nterminated (SIGTERM): stopping now", file=sys.stderr, flush=True)
         raise KeyboardInterrupt
 
