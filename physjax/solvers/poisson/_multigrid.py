@@ -1,5 +1,9 @@
 """Matrix-free geometric multigrid for ∇·(a∇u) = f on cell centres, and preconditioned CG.
 
+A Helmholtz term (``∇·(a∇u) - c u = f``, ``c > 0``) is carried on every level: a scalar
+``c`` as it is, a field averaged over the children like the coefficient; it adds ``-c`` to
+the diagonal (smoother, line systems, dense coarse inverse) and makes the operator regular.
+
 Hierarchy: each level halves the axes whose spacing is within a factor 2 of the finest
 spacing (cell-centred coarsening, the coarse cell is the union of ``2^c`` fine cells, ``c``
 the number of halved axes) with the operator rediscretised on the coarse grid and the
@@ -254,13 +258,16 @@ def colour_mask(grid: Grid, dtype, skip: int | None = None) -> jax.Array:
     return ((total % 2) == 0).astype(dtype)
 
 
-def dense_inverse(grid: Grid, parity: Sequence[int], faces, singular: bool, dtype) -> jax.Array:
-    """Inverse of the operator on a small undecomposed grid (rank-one fixed if singular)."""
+def dense_inverse(
+    grid: Grid, parity: Sequence[int], faces, singular: bool, dtype, shift=None
+) -> jax.Array:
+    """Inverse of the operator on a small undecomposed grid (rank-one fixed if singular;
+    ``shift``: the Helmholtz term's scalar or field on this grid, which makes it regular)."""
     n = grid.size
     eye = jnp.eye(n, dtype=dtype)
-    cols = jax.vmap(lambda e: apply_operator(e.reshape(grid.shape), grid, parity, faces).ravel())(
-        eye
-    )
+    cols = jax.vmap(
+        lambda e: apply_operator(e.reshape(grid.shape), grid, parity, faces, shift).ravel()
+    )(eye)
     mat = cols.T
     if singular:
         scale = jnp.mean(jnp.abs(jnp.diagonal(mat)))
@@ -274,6 +281,7 @@ class MultigridData(NamedTuple):
     red: tuple  # per level: red mask (None on gather/coarsest levels)
     coarse_inverse: jax.Array
     lines: tuple = ()  # per level: LineFactors on line-relaxed levels, else None
+    shifts: tuple = ()  # per level: the Helmholtz shift (scalar or field), or None
 
 
 class LineFactors(NamedTuple):
@@ -343,16 +351,22 @@ def prepare(
     coarse_inverse: jax.Array | None,
     singular: bool,
     dtype,
+    shift: jax.Array | None = None,
 ) -> MultigridData:
-    """Per-level coefficients, diagonals and colour masks (inside ``shard_map`` if split)."""
-    faces, diags, reds, lines = [], [], [], []
+    """Per-level coefficients, diagonals and colour masks (inside ``shard_map`` if split).
+
+    ``shift``: the Helmholtz term (``A u = ∇·(a∇u) - shift u``), a scalar kept on every
+    level or a local cell-centred field averaged over the children like the coefficient."""
+    faces, diags, reds, lines, shifts = [], [], [], [], []
     a = coefficient
+    c = shift
     for level in levels:
         g = level.grid
         fc = None if a is None else face_coefficients(a, g)
         faces.append(fc)
+        shifts.append(c)
         if level.transition == "restrict":
-            diag = operator_diagonal(g, parity, fc, dtype)
+            diag = operator_diagonal(g, parity, fc, dtype, c)
             diags.append(diag)
             reds.append(colour_mask(g, dtype, skip=level.line))
             lines.append(None if level.line is None else line_factors(g, level.line, fc, diag))
@@ -365,9 +379,18 @@ def prepare(
                 a = average_children(a, level.halved)
             elif level.transition == "gather":
                 a = gather(a, g)
+        if c is not None and jnp.ndim(c) > 0:
+            if level.transition == "restrict":
+                c = average_children(c, level.halved)
+            elif level.transition == "gather":
+                c = gather(c, g)
     if coarse_inverse is None:
-        coarse_inverse = dense_inverse(levels[-1].grid, parity, faces[-1], singular, dtype)
-    return MultigridData(tuple(faces), tuple(diags), tuple(reds), coarse_inverse, tuple(lines))
+        coarse_inverse = dense_inverse(
+            levels[-1].grid, parity, faces[-1], singular, dtype, shifts[-1]
+        )
+    return MultigridData(
+        tuple(faces), tuple(diags), tuple(reds), coarse_inverse, tuple(lines), tuple(shifts)
+    )
 
 
 class Multigrid:
@@ -390,7 +413,8 @@ class Multigrid:
         self.cycle = cycle
 
     def apply(self, k: int, u: jax.Array) -> jax.Array:
-        return apply_operator(u, self.levels[k].grid, self.parity, self.data.faces[k])
+        shift = self.data.shifts[k] if self.data.shifts else None
+        return apply_operator(u, self.levels[k].grid, self.parity, self.data.faces[k], shift)
 
     def _half_sweep(self, k, u, f, mask):
         r = f - self.apply(k, u)

@@ -117,8 +117,10 @@ def apply_operator(
     grid: Grid,
     parity: Sequence[int],
     faces: Sequence[jax.Array] | None = None,
+    shift: jax.Array | None = None,
 ) -> jax.Array:
-    """Homogeneous ∇·(a∇u) (``faces`` given) or ∇²u (``faces=None``) of a local field."""
+    """Homogeneous ∇·(a∇u) (``faces`` given) or ∇²u (``faces=None``) of a local field,
+    minus ``shift · u`` when a ``shift`` (a scalar or a local cell-centred field) is given."""
     d = grid.ndim
     up = fill_halo(u, grid, parity=tuple(parity), width=1)
     out = jnp.zeros_like(u)
@@ -133,6 +135,8 @@ def apply_operator(
             a_lo = lax.slice_in_dim(faces[axis], 0, n, axis=axis)
             a_hi = lax.slice_in_dim(faces[axis], 1, n + 1, axis=axis)
             out = out + (a_hi * (plus - u) - a_lo * (u - minus)) * inv_h2
+    if shift is not None:
+        out = out - shift * u
     return out
 
 
@@ -141,8 +145,10 @@ def operator_diagonal(
     parity: Sequence[int],
     faces: Sequence[jax.Array] | None,
     dtype: Any,
+    shift: jax.Array | None = None,
 ) -> jax.Array:
-    """Diagonal of [`apply_operator`][] on the local block (walls included)."""
+    """Diagonal of [`apply_operator`][] on the local block (walls included, and ``-shift``
+    when a shift is given)."""
     d = grid.ndim
     shape = grid.local_shape
     diag = jnp.zeros(shape, dtype)
@@ -164,6 +170,8 @@ def operator_diagonal(
             last = (idx == grid.shape[axis] - 1).reshape(bshape)
             p = parity[axis]
             diag = diag + p * inv_h2 * (jnp.where(first, a_lo, 0) + jnp.where(last, a_hi, 0))
+    if shift is not None:
+        diag = diag - shift
     return diag
 
 

@@ -60,7 +60,8 @@ def _internal_grid(grid: Grid) -> Grid:
 
 
 class PoissonSolver(eqx.Module):
-    r"""Solver for the elliptic problem ∇·(a∇u) = f (``a = 1``: ∇²u = f) on cell centres.
+    r"""Solver for the elliptic problem ∇·(a∇u) = f (``a = 1``: ∇²u = f) on cell centres,
+    or, with a Helmholtz term, ∇·(a∇u) - c u = f (``shift=c``).
 
     The discrete operator is the conservative second-order stencil (five points in 2-D,
     seven in 3-D) with walls half a cell beyond the first and last centres:
@@ -82,6 +83,14 @@ class PoissonSolver(eqx.Module):
       (stand-alone cycles), ``"cg"`` (conjugate gradients preconditioned by one multigrid
       cycle) or ``"auto"`` (default: spectral, or cg when a coefficient is given).
     - `coefficient`: cell-centred ``a > 0`` of the grid's shape (multigrid and cg only).
+    - `shift`: ``c > 0`` of the Helmholtz (screened Poisson) term: solve
+      ∇·(a∇u) - c u = f, as implicit free-surface and implicit (IMEX) diffusion steps need
+      (e.g. ``c = 1/(ν Δt)``). A scalar (a Python number or a 0-d array, possibly traced)
+      for every method, or a cell-centred field of the grid's shape for ``multigrid`` and
+      ``cg`` (``"auto"`` then picks cg). The operator is then regular whatever the
+      boundary conditions: no compatibility condition on ``f``, and the zero mode is
+      solved (no zero-mean gauge; ``compatibility`` has no effect). Default ``None``: no
+      Helmholtz term.
     - `mesh`: a device mesh from [`physjax.parallel.make_mesh`][] to run under
       ``shard_map`` (default: one device).
     - `rtol`, `atol`: stop when ``‖f - A u‖₂ ≤ max(rtol ‖f‖₂, atol)`` (iterative methods;
@@ -107,7 +116,8 @@ class PoissonSolver(eqx.Module):
     - `throw`: raise (through ``eqx.error_if``) when an iterative solve does not converge
       (default ``True``); with ``False`` check ``PoissonSolution.converged``.
 
-    The solution of a problem without Dirichlet axes is fixed by zero mean.
+    The solution of a problem without Dirichlet axes (and without `shift`) is fixed by
+    zero mean.
 
     References: Schumann & Sweet, J. Comput. Phys. 20 (1976) 171–182,
     doi:10.1016/0021-9991(76)90062-3 (fast transforms for staggered grids); Trottenberg,
@@ -119,6 +129,7 @@ class PoissonSolver(eqx.Module):
     method: str = eqx.field(static=True)
     mesh: Mesh | None = eqx.field(static=True)
     coefficient: Field | None
+    shift: Array | None
     rtol: float = eqx.field(static=True)
     atol: float = eqx.field(static=True)
     max_iterations: int = eqx.field(static=True)
@@ -137,6 +148,7 @@ class PoissonSolver(eqx.Module):
         method: Method = "auto",
         *,
         coefficient: Any = None,
+        shift: Any = None,
         mesh: Mesh | None = None,
         rtol: float | None = None,
         atol: float = 0.0,
@@ -160,7 +172,8 @@ class PoissonSolver(eqx.Module):
         require_enabled_dtype(grid)
         self.bc = normalise_bc(bc, grid)
         if method == "auto":
-            method = "spectral" if coefficient is None else "cg"
+            field_shift = shift is not None and np.ndim(shift) > 0
+            method = "spectral" if coefficient is None and not field_shift else "cg"
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS} or 'auto', got {method!r}")
         if compatibility not in ("check", "project"):
@@ -262,6 +275,7 @@ class PoissonSolver(eqx.Module):
                     mesh,
                 )
         self.coefficient = coefficient
+        self.shift = _check_shift(shift, grid, method, mesh)
 
         local = _internal_grid(grid)
         if mesh is not None and mesh.size > 1:
@@ -315,20 +329,27 @@ class PoissonSolver(eqx.Module):
                     f"or method='spectral'"
                 )
             self.levels = levels
-            if coefficient is None:
+            # prepared once unless it depends on a coefficient or on a field or traced
+            # shift (then rebuilt inside each solve)
+            constant_shift = self.shift is None or (
+                self.shift.ndim == 0 and is_concrete(self.shift)
+            )
+            if coefficient is None and constant_shift:
                 self.coarse_inverse = mg.dense_inverse(
                     levels[-1].grid,
                     parity_of(self.bc),
                     None,
-                    is_singular(self.bc),
+                    self.singular,
                     grid.dtype,
+                    self.shift,
                 )
 
     # ---------------------------------------------------------------- helpers
     @property
     def singular(self) -> bool:
-        """True when constants solve the homogeneous problem (no Dirichlet axis)."""
-        return is_singular(self.bc)
+        """True when constants solve the homogeneous problem (no Dirichlet axis and no
+        Helmholtz ``shift``)."""
+        return self.shift is None and is_singular(self.bc)
 
     def _check_field(self, f, name: str) -> jax.Array:
         f = jnp.asarray(f)
@@ -350,12 +371,14 @@ class PoissonSolver(eqx.Module):
         return fold_boundary_values(f, self.grid, self.bc, boundary_values, self.coefficient)
 
     def operator(self, u) -> jax.Array:
-        """Apply the homogeneous discrete operator ``A u`` (one device)."""
+        """Apply the homogeneous discrete operator ``A u`` (one device), the Helmholtz term
+        ``- shift u`` included."""
         u = self._check_field(u, "u")
         g = _internal_grid(self.grid)
         a = None if self.coefficient is None else self.coefficient.astype(u.dtype)
         faces = None if a is None else face_coefficients(a, g)
-        return apply_operator(u, g, parity_of(self.bc), faces)
+        c = None if self.shift is None else self.shift.astype(u.dtype)
+        return apply_operator(u, g, parity_of(self.bc), faces, c)
 
     def residual(self, u, f, boundary_values: Mapping[str, Any] | None = None) -> jax.Array:
         """``f - A u`` with the boundary values folded into ``f``."""
@@ -402,17 +425,19 @@ class PoissonSolver(eqx.Module):
         return self._require_compatible(f, *_mean_and_scale(f), f)
 
     # ------------------------------------------------------------------ solve
-    def _solve_local(self, grid: Grid, f, coefficient, coarse_inverse, guess=None):
+    def _solve_local(self, grid: Grid, f, coefficient, coarse_inverse, guess=None, shift=None):
         """Body run on each device (or once); ``grid`` is the local view. ``guess``: the
-        iterative methods' first iterate (a direct solve has no use for it)."""
+        iterative methods' first iterate (a direct solve has no use for it). ``shift``: the
+        Helmholtz term (a scalar, or this device's block of a field)."""
         bc = self.bc
         dtype = f.dtype
+        c = None if shift is None else shift.astype(dtype)
         if self.method == "spectral":
             continuous = self.laplacian == "spectral"
             if grid.is_sharded:
-                u = spectral_solve_sharded(f, grid, bc, continuous)
+                u = spectral_solve_sharded(f, grid, bc, continuous, shift=c)
             else:
-                u = spectral_solve_local(f, grid, bc, continuous)
+                u = spectral_solve_local(f, grid, bc, continuous, shift=c)
             zero = jnp.zeros((), dtype)
             return u, mg.IterativeInfo(jnp.asarray(0), zero, jnp.asarray(True))
 
@@ -420,21 +445,22 @@ class PoissonSolver(eqx.Module):
         a = None if coefficient is None else coefficient.astype(dtype)
         levels = self.levels
         inv = None if coarse_inverse is None else coarse_inverse.astype(dtype)
-        data = mg.prepare(levels, parity, a, inv, self.singular, dtype)
+        data = mg.prepare(levels, parity, a, inv, self.singular, dtype, c)
         cycle = mg.Multigrid(levels, parity, data, *self.smoothing, self.cycle)
         fine = levels[0].grid
         faces = data.faces[0]
 
         def matvec(u):
-            return apply_operator(u, fine, parity, faces)
+            return apply_operator(u, fine, parity, faces, c)
 
         iterate = mg.conjugate_gradient if self.method == "cg" else mg.multigrid_iterate
 
         # |A| |u| = A|u| - 2 diag(A) |u| (diagonal ≤ 0, couplings ≥ 0): sets the round-off
-        # level of the residual (for the convergence flag only: no derivative)
+        # level of the residual (for the convergence flag only: no derivative). With a
+        # shift the diagonal holds -shift, so the shift term enters as +shift |u|.
         diag = data.diag[0]  # the smoother's; absent when the fine level is gathered
         if diag is None:
-            diag = operator_diagonal(fine, parity, faces, dtype)
+            diag = operator_diagonal(fine, parity, faces, dtype, c)
         diag = lax.stop_gradient(diag)
 
         def abs_operator(u):
@@ -494,11 +520,11 @@ class PoissonSolver(eqx.Module):
         )
         return x[0], info
 
-    def _run(self, f, coefficient, guess=None):
+    def _run(self, f, coefficient, guess=None, shift=None):
         grid = _internal_grid(self.grid)
         fn = self._solve_local
         if self.mesh is None or self.mesh.size == 1:
-            return fn(grid, f, coefficient, self.coarse_inverse, guess)
+            return fn(grid, f, coefficient, self.coarse_inverse, guess, shift)
         local = decompose(grid, self.mesh)
         spec = field_spec(grid, self.mesh)
         rep = PartitionSpec()
@@ -506,13 +532,15 @@ class PoissonSolver(eqx.Module):
         a_spec = None if coefficient is None else spec
         inv_spec = None if self.coarse_inverse is None else rep
         guess_spec = None if guess is None else spec
+        # a field shift is split like the grid, a scalar one replicated
+        shift_spec = None if shift is None else (spec if jnp.ndim(shift) else rep)
         return jax.shard_map(
-            lambda f_, a_, inv_, g_: fn(local, f_, a_, inv_, g_),
+            lambda f_, a_, inv_, g_, c_: fn(local, f_, a_, inv_, g_, c_),
             mesh=self.mesh,
-            in_specs=(spec, a_spec, inv_spec, guess_spec),
+            in_specs=(spec, a_spec, inv_spec, guess_spec, shift_spec),
             out_specs=(spec, info_spec),
             check_vma=False,
-        )(f, coefficient, self.coarse_inverse, guess)
+        )(f, coefficient, self.coarse_inverse, guess, shift)
 
     def _precheck(self, f, boundary_values) -> bool | None:
         """Configuration-level checks on a concrete (already shape-checked) ``f``, before
@@ -594,7 +622,7 @@ class PoissonSolver(eqx.Module):
             scale = _sampled_max_abs(b) if not in_graph else jnp.max(jnp.abs(b))
             stats = (total / b.size, scale)
         else:
-            u, info = self._run(b, self.coefficient, guess)
+            u, info = self._run(b, self.coefficient, guess, self.shift)
         if self.method == "spectral":
             if residual:
                 rel = _relative_norm(b - self.operator(u), b)
@@ -711,6 +739,64 @@ def _solve_fast(solver: PoissonSolver, f, prechecked, in_graph, guess=None):
     return sol, info.converged, stats
 
 
+_SHIFT_NOT_POSITIVE = "shift must be finite and > 0 everywhere"
+
+
+def _check_shift(shift: Any, grid: Grid, method: str, mesh: Mesh | None) -> jax.Array | None:
+    """The Helmholtz ``shift`` as an array of the grid's dtype (0-d or the grid's shape),
+    checked like the coefficient: real, of a valid shape, finite and > 0 (in Python when
+    concrete, through ``eqx.error_if`` when traced)."""
+    if shift is None:
+        return None
+    if isinstance(shift, (str, bytes)) or jnp.iscomplexobj(shift):
+        got = "a complex array" if jnp.iscomplexobj(shift) else repr(shift)
+        raise ValueError(f"shift must be real (and > 0), got {got}")
+    try:
+        shift = jnp.asarray(shift)
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"shift must be a positive number or a real array of the grid's shape, got "
+            f"{shift!r:.80}"
+        ) from err
+    if shift.dtype == bool or not jnp.issubdtype(shift.dtype, jnp.number):
+        raise ValueError(f"shift must be real (and > 0), got dtype {shift.dtype}")
+    shift = shift.astype(grid.dtype)
+    if shift.ndim and shift.shape != grid.shape:
+        raise ValueError(
+            f"shift must be a scalar or have the grid's shape {grid.shape}, got {shift.shape}"
+        )
+    if shift.ndim and method == "spectral":
+        raise ValueError(
+            "a shift field (varying in space) is not supported by method='spectral' (its "
+            "eigenbasis needs a constant shift); use method='cg' or 'multigrid', or a "
+            "scalar shift"
+        )
+    if is_concrete(shift):
+        c = np.asarray(shift)
+        if not np.all(np.isfinite(c)) or not np.all(c > 0):
+            raise ValueError(
+                f"{_SHIFT_NOT_POSITIVE}, got min "
+                f"{np.nanmin(c) if np.any(~np.isnan(c)) else np.nan:.3g} "
+                f"(non-finite: {int(np.sum(~np.isfinite(c)))})"
+            )
+        # split like the grid (a field) or replicated (a scalar) once, here
+        return place_on_mesh(shift, grid, mesh)
+    bad = ~jnp.all(jnp.isfinite(shift) & (shift > 0))
+    if shift.ndim:
+        return error_if(shift, bad, _SHIFT_NOT_POSITIVE, grid, mesh)
+    if mesh is None or mesh.size == 1:
+        return eqx.error_if(shift, bad, _SHIFT_NOT_POSITIVE)
+    # on every device at once, as physjax.parallel.error_if does for fields
+    rep = PartitionSpec()
+    return jax.shard_map(
+        lambda s, p: eqx.error_if(s, p, _SHIFT_NOT_POSITIVE),
+        mesh=mesh,
+        in_specs=(rep, rep),
+        out_specs=rep,
+        check_vma=False,
+    )(shift, bad)
+
+
 def _relative_norm(r, b):
     """``‖r‖₂ / ‖b‖₂`` (0 when ``b = 0``), computed on ``r, b`` scaled by ``max |b|`` so
     that the sums of squares neither underflow nor overflow."""
@@ -748,12 +834,14 @@ def solve(
     method: Method = "auto",
     *,
     coefficient: Any = None,
+    shift: Any = None,
     boundary_values: Mapping[str, Any] | None = None,
     mesh: Mesh | None = None,
     initial_guess: Field | None = None,
     **options: Any,
 ) -> Field:
-    r"""Solve ∇²u = f, or ∇·(a∇u) = f with ``coefficient=a``, on cell centres.
+    r"""Solve ∇²u = f, or ∇·(a∇u) = f with ``coefficient=a``, on cell centres; with
+    ``shift=c`` the Helmholtz (screened Poisson) problem ∇·(a∇u) - c u = f.
 
     A one-call front end to [`physjax.solvers.poisson.PoissonSolver`][] (which see for the
     discretisation, boundary conventions and every option); build the solver once
@@ -766,6 +854,8 @@ def solve(
     - `bc`: boundary conditions per axis (``"periodic"``, ``"dirichlet"``, ``"neumann"``).
     - `method`: ``"spectral"``, ``"multigrid"``, ``"cg"`` or ``"auto"``.
     - `coefficient`: cell-centred ``a > 0`` (multigrid/cg).
+    - `shift`: ``c > 0`` of the Helmholtz term, a scalar (every method) or a cell-centred
+      field (multigrid/cg); no compatibility condition then, the zero mode is solved.
     - `boundary_values`: ``{"x": (low, high), …}`` wall values (Dirichlet: ``u`` on the
       wall; Neumann: ``∂u/∂x`` on the wall).
     - `mesh`: device mesh for a multi-device solve.
@@ -776,5 +866,7 @@ def solve(
 
     **Returns:** ``u``, the grid's shape.
     """
-    solver = PoissonSolver(grid, bc, method, coefficient=coefficient, mesh=mesh, **options)
+    solver = PoissonSolver(
+        grid, bc, method, coefficient=coefficient, shift=shift, mesh=mesh, **options
+    )
     return solver(f, boundary_values, initial_guess=initial_guess)

@@ -4,7 +4,9 @@ Per axis the second-difference stencil is diagonalised by the FFT (periodic), th
 (Dirichlet, odd reflection at walls half a cell away) or the DCT-II (Neumann, even
 reflection); see [`physjax.solvers.poisson._transforms`][]. The transformed right-hand side
 is divided by the sum of the 1-D eigenvalues and transformed back. The zero mode of a
-problem without Dirichlet axes is set to zero (zero-mean gauge).
+problem without Dirichlet axes is set to zero (zero-mean gauge). With a Helmholtz
+``shift`` (``∇²u - shift u = f``, ``shift > 0``) the divisor is the sum minus ``shift``,
+never zero: every mode, the zero mode included, is solved.
 
 On one device every combination of boundary conditions is solved with one multi-axis real
 FFT and its inverse (see [`spectral_solve_local`][]): sine/cosine axes are reordered before
@@ -33,21 +35,29 @@ _FORWARD = {"dirichlet": dst2, "neumann": dct2}
 _INVERSE = {"dirichlet": idst2, "neumann": idct2}
 
 
-def _inverse_eigenvalues(lams: Sequence[jax.Array], dtype) -> jax.Array:
+def _inverse_eigenvalues(lams: Sequence[jax.Array], dtype, shift=None) -> jax.Array:
     d = len(lams)
     total = 0
     for axis, lam in enumerate(lams):
         shape = [1] * d
         shape[axis] = lam.shape[0]
         total = total + lam.astype(dtype).reshape(shape)
+    if shift is not None:
+        return 1 / (total - shift)  # eigenvalues ≤ 0, shift > 0: never zero
     safe = jnp.where(total == 0, 1, total)
     return jnp.where(total == 0, 0, 1 / safe)
 
 
 def spectral_solve_local(
-    f: jax.Array, grid: Grid, bc: Sequence[str], continuous: bool = False, with_sum: bool = False
+    f: jax.Array,
+    grid: Grid,
+    bc: Sequence[str],
+    continuous: bool = False,
+    with_sum: bool = False,
+    shift: jax.Array | None = None,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """Solve ∇²u = f on one device (homogeneous boundary conditions).
+    """Solve ∇²u = f on one device (homogeneous boundary conditions), or
+    ∇²u - shift u = f with a scalar ``shift > 0``.
 
     One real FFT over all axes and one inverse, whatever the boundary conditions: each
     Dirichlet/Neumann axis is reordered as in Makhoul's fast cosine transform (on Dirichlet
@@ -85,6 +95,8 @@ def spectral_solve_local(
         # spectrum's size, baked in as a constant, was no faster and made the compiled
         # program as large as the field).
         total = sum(along(v, a) for a, v in enumerate(per_axis))
+        if shift is not None:
+            return 1 / (total - shift)  # eigenvalues ≤ 0, shift > 0: never zero
         return jnp.where(total == 0, 0, 1 / jnp.where(total == 0, 1, total))
 
     def twiddle(a, m):
@@ -241,9 +253,14 @@ def _group_index(grid: Grid) -> jax.Array:
 
 
 def spectral_solve_sharded(
-    f: jax.Array, grid: Grid, bc: Sequence[str], continuous: bool = False
+    f: jax.Array,
+    grid: Grid,
+    bc: Sequence[str],
+    continuous: bool = False,
+    shift: jax.Array | None = None,
 ) -> jax.Array:
-    """Solve ∇²u = f inside ``shard_map`` on a decomposed grid by slab transposes."""
+    """Solve ∇²u = f (or ∇²u - shift u = f, scalar ``shift > 0``) inside ``shard_map`` on
+    a decomposed grid by slab transposes."""
     d = grid.ndim
     group = _split_axes(grid)
     p = 1
@@ -294,7 +311,7 @@ def spectral_solve_sharded(
             lam = lax.dynamic_slice_in_dim(lam, _group_index(grid) * n_loc, n_loc)
         lams.append(lam)
     real_dtype = f.dtype
-    x = x * _inverse_eigenvalues(lams, real_dtype)
+    x = x * _inverse_eigenvalues(lams, real_dtype, shift)
 
     x = inverse(x, 0)
     x = lax.all_to_all(x, group, 0, last, tiled=True)
