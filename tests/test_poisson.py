@@ -421,7 +421,10 @@ def test_vmap_equals_loop(method):
         assert _rel(batched[k], solver(fs[k])) <= 1e-12
 
 
-@pytest.mark.parametrize("method,bc", [("cg", "dirichlet"), ("multigrid", "neumann")])
+@pytest.mark.parametrize(
+    "method,bc",
+    [("cg", "dirichlet"), pytest.param("multigrid", "neumann", marks=pytest.mark.slow)],
+)
 def test_an_initial_guess_saves_iterations_and_changes_nothing_else(method, bc):
     """A time stepper passes the previous step's solution: fewer iterations to the same
     tolerance (relative to ‖f‖, not to the first residual), the same u, and the same
