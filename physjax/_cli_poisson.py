@@ -33,6 +33,7 @@ POISSON_KEYS = (
     "case",
     "rhs",
     "coefficient",
+    "shift",
     "frame",
     "bc",
     "method",
@@ -71,9 +72,10 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "poisson",
         help="solve a Poisson / elliptic problem",
         description=(
-            "Solve ∇·(a∇u) = f (a = 1 unless a coefficient is given) for cell-centred u on a "
-            "2-D or 3-D box; write u, f and the residual f − Au to NetCDF4. Settings on the "
-            "command line override --config, which overrides the defaults."
+            "Solve ∇·(a∇u) = f (a = 1 unless a coefficient is given; ∇·(a∇u) − C u = f with "
+            "--shift C) for cell-centred u on a 2-D or 3-D box; write u, f and the residual "
+            "f − Au to NetCDF4. Settings on the command line override --config, which "
+            "overrides the defaults."
         ),
     )
     p.add_argument(
@@ -97,6 +99,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--frame",
         type=int,
         help="frame of a time-dependent --rhs/--coefficient variable (default: the last)",
+    )
+    p.add_argument(
+        "--shift",
+        type=float,
+        help="C > 0: solve div(a grad u) - C u = f instead (a Helmholtz term, as implicit "
+        "time steps need; no compatibility condition then)",
     )
     p.add_argument(
         "--bc",
@@ -199,6 +207,8 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         if not (ok and math.isfinite(rtol) and 0 < rtol < 1):
             raise ValueError(f"--rtol must be a number in (0, 1), got {rtol!r}")
         settings["rtol"] = float(rtol)
+    if settings.get("shift") is not None:
+        settings["shift"] = _positive_number("--shift", settings["shift"])
     frame = settings.get("frame")
     if frame is not None and (isinstance(frame, bool) or not isinstance(frame, int)):
         raise ValueError(f"--frame must be an integer, got {frame!r}")
@@ -553,10 +563,13 @@ def _run(args, held: contextlib.ExitStack) -> int:
         dtype=s["precision"],
     )
     exact = a = None
+    shift = s.get("shift")
     if rhs is None:
         exact, f, a = manufactured(s["case"], grid)
         if any(b != case_bc for b in bc) or coef is not None:
             exact = None  # the case's solution does not solve this problem
+        elif shift is not None:
+            f = f - shift * exact  # the same exact u solves the shifted problem
     else:
         f = rhs["data"].astype(s["precision"])
     if coef is not None:
@@ -577,6 +590,7 @@ def _run(args, held: contextlib.ExitStack) -> int:
         tuple(bc),
         method,
         coefficient=a,
+        shift=shift,
         mesh=mesh,
         rtol=s.get("rtol"),
         max_iterations=s["max_iterations"],
@@ -598,8 +612,10 @@ def _run(args, held: contextlib.ExitStack) -> int:
     n_dev = 1 if mesh is None else mesh.size
     if not s.get("quiet"):
         print(
-            f"physjax poisson: {'×'.join(map(str, shape))} cells, bc {','.join(bc)}, "
-            f"{method} on {n_dev} device{'s' if n_dev > 1 else ''} ({jax.default_backend()})",
+            f"physjax poisson: {'×'.join(map(str, shape))} cells, bc {','.join(bc)}"
+            + ("" if shift is None else f", shift {shift:g}")
+            + f", {method} on {n_dev} device{'s' if n_dev > 1 else ''} "
+            f"({jax.default_backend()})",
             file=sys.stderr,
             flush=True,
         )
@@ -621,8 +637,9 @@ def _run(args, held: contextlib.ExitStack) -> int:
         f_units = rhs["units"] or "1"
         u_units = "m2" if f_units == "1" else f"{f_units} m2"
     residual_name = "f - <f> - A u" if solver.singular else "f - A u"
+    equation = "div(a grad u) = f" if shift is None else f"div(a grad u) - {shift:g} u = f"
     variables = [
-        Variable("u", centre, u_units, "solution of div(a grad u) = f", False),
+        Variable("u", centre, u_units, f"solution of {equation}", False),
         Variable("f", centre, f_units, "right-hand side", False),
         Variable("residual", centre, f_units, f"{residual_name} of the discrete problem", False),
     ]
@@ -648,6 +665,7 @@ def _run(args, held: contextlib.ExitStack) -> int:
         case=s["case"] if rhs is None else "user",
         rhs=s.get("rhs") or "",
         coefficient=s.get("coefficient") or "",
+        shift=shift,
         frame=-1 if rhs is None or rhs["frame"] is None else rhs["frame"],
         rhs_time=None if rhs is None else rhs["time"],  # [s] of that frame, if it has one
         bc=list(bc),
