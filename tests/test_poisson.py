@@ -476,6 +476,14 @@ def test_initial_guess_is_checked_and_ignored_by_a_direct_solve():
     spectral = PoissonSolver(grid, "dirichlet", "spectral")
     assert np.array_equal(spectral(f, initial_guess=np.ones((16, 16))), spectral(f))
     assert _rel(solve(f, grid, "dirichlet", "cg", initial_guess=spectral(f)), spectral(f)) <= 1e-8
+    # the zero-mean gauge of a periodic problem holds when the guess is already a solution
+    # up to a constant (no iteration runs then)
+    periodic = _grid((16, 16), True)
+    g = f - f.mean()
+    u = PoissonSolver(periodic, "periodic", "spectral")(g)
+    sol = PoissonSolver(periodic, "periodic", "multigrid").solve(g, initial_guess=u + 5.0)
+    assert int(sol.iterations) == 0 and abs(float(jnp.mean(sol.u))) <= 1e-14
+    assert _rel(sol.u, u) <= 1e-12
 
 
 # ------------------------------------------------------------------ bad input

@@ -469,8 +469,12 @@ class PoissonSolver(eqx.Module):
 
         def solve_fn(_matvec, rhs):
             b, x0 = (rhs[0], rhs[1]) if guess is not None else (rhs, None)
+            start = x0
             if self.singular:
                 b = mg.remove_mean(b, fine)
+                # the zero-mean gauge holds for the returned u even when the guess is
+                # already within the tolerance (no iteration then)
+                start = None if x0 is None else mg.remove_mean(x0, fine)
             # Iterate on b / 2^e, 2^e ~ max|b|: the norms are square roots of sums of
             # squares, which underflow or overflow for data far from 1 (|f| ~ 1e-20 in
             # float32, 1e±170 in float64) and would then stop the loop at once with u = 0.
@@ -488,7 +492,7 @@ class PoissonSolver(eqx.Module):
                 self.atol / scale,
                 self.max_iterations,
                 abs_operator,
-                None if x0 is None else x0 / scale,
+                None if start is None else start / scale,
             )
             # A u whose values all fall below the dtype's smallest normal number (|f| ~
             # 1e-36 in float32) is flushed to zero by XLA on the CPU when scaled back: it
