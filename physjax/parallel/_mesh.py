@@ -178,7 +178,7 @@ def error_if(x: jax.Array, pred, message: str, grid: Grid, mesh: Mesh | None) ->
     """``eqx.error_if(x, pred, message)`` for a field ``x`` of ``grid`` (leading batch axes
     allowed under ``vmap``), safe on a mesh: with several devices it runs inside
     ``shard_map`` on each device's block with the replicated predicate, so that every device
-    raises at the same point.
+    raises at the same point. A 0-d ``x`` (a scalar parameter) is checked replicated.
 
     Applied to a sharded field directly, equinox's callback runs on device 0 alone: XLA
     gathers the whole field there on every call, and when the error fires the other devices
@@ -186,7 +186,7 @@ def error_if(x: jax.Array, pred, message: str, grid: Grid, mesh: Mesh | None) ->
     """
     if mesh is None or mesh.size == 1:
         return eqx.error_if(x, pred, message)
-    spec = field_spec(grid, mesh)
+    spec = field_spec(grid, mesh) if np.ndim(x) else PartitionSpec()
     return jax.shard_map(
         lambda block, p: eqx.error_if(block, p, message),
         mesh=mesh,

@@ -786,19 +786,7 @@ def _check_shift(shift: Any, grid: Grid, method: str, mesh: Mesh | None) -> jax.
         # split like the grid (a field) or replicated (a scalar) once, here
         return place_on_mesh(shift, grid, mesh)
     bad = ~jnp.all(jnp.isfinite(shift) & (shift > 0))
-    if shift.ndim:
-        return error_if(shift, bad, _SHIFT_NOT_POSITIVE, grid, mesh)
-    if mesh is None or mesh.size == 1:
-        return eqx.error_if(shift, bad, _SHIFT_NOT_POSITIVE)
-    # on every device at once, as physjax.parallel.error_if does for fields
-    rep = PartitionSpec()
-    return jax.shard_map(
-        lambda s, p: eqx.error_if(s, p, _SHIFT_NOT_POSITIVE),
-        mesh=mesh,
-        in_specs=(rep, rep),
-        out_specs=rep,
-        check_vma=False,
-    )(shift, bad)
+    return error_if(shift, bad, _SHIFT_NOT_POSITIVE, grid, mesh)  # on every device at once
 
 
 def _relative_norm(r, b):
