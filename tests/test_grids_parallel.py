@@ -154,6 +154,9 @@ def test_make_mesh_layouts_and_errors():
     for bad in (True, (2.5, 1), ("2", 1)):  # (2.5, 1) was truncated to a 2×1 mesh
         with pytest.raises(ValueError, match="devices must be a number of devices or a layout"):
             make_mesh(bad)
+    grid = Grid((8, 8), (1.0, 1.0), dtype="float64")
+    with pytest.raises(TypeError, match="not a Grid: make_mesh"):  # was "ndim must be 2 or 3"
+        make_mesh(grid, (2, 2))
 
 
 @pytest.mark.multidevice

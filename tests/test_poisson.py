@@ -683,6 +683,19 @@ def test_a_solution_below_the_smallest_normal_number_is_not_converged(method):
         PoissonSolver(grid, "dirichlet", method).solve(f * 1e-36)
 
 
+def test_a_spectral_solution_flushed_to_zero_is_not_converged():
+    """The spectral transforms are not scaled: u ~ 4e-39 in float32 comes back as zeros.
+    It used to be reported converged (residual_norm 1); 1e-30 is still solved."""
+    grid = Grid((16, 16), (1.0, 1.0), periodic=False, dtype="float32")
+    f = np.random.default_rng(3).normal(size=(16, 16)).astype(np.float32)
+    solver = PoissonSolver(grid, "dirichlet", "spectral")
+    small = solver.solve(f * 1e-30)
+    assert bool(small.converged) and float(small.residual_norm) <= 1e-5
+    lost = solver.solve(f * 1e-36)
+    assert float(jnp.max(jnp.abs(lost.u))) == 0.0
+    assert not bool(lost.converged) and float(lost.residual_norm) == 1.0
+
+
 def test_non_finite_results_are_never_converged():
     """A diverging cycle or NaN in f used to pass the convergence test (inf ≤ inf)."""
     grid = _grid((32, 32), False)

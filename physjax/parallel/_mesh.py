@@ -44,8 +44,14 @@ def make_mesh(devices: int | Sequence[int] | None = None, ndim: int = 2) -> Mesh
       available devices.
     - `ndim`: 2 or 3, the grid's number of dimensions.
     """
+    if isinstance(devices, Grid):
+        raise TypeError(
+            "make_mesh takes a number of devices or a layout, not a Grid: "
+            f"make_mesh(4, ndim={devices.ndim}) or make_mesh((2, 2)); solvers take the grid "
+            "and the mesh separately (mesh=)"
+        )
     if ndim not in (2, 3):
-        raise ValueError(f"ndim must be 2 or 3, got {ndim}")
+        raise ValueError(f"ndim must be 2 or 3, got {ndim!r}")
     available = jax.devices()
     if devices is None:
         devices = len(available)

@@ -43,7 +43,8 @@ class PoissonSolution(eqx.Module):
       boundary values into ``f``); 0 when ``f = 0``.
     - `iterations`: V-cycles (``multigrid``) or CG iterations (``cg``); 0 for ``spectral``.
     - `converged`: whether the tolerance was met, with a finite residual (for ``spectral``
-      false only when the result is not finite: NaN or Inf in ``f``).
+      false only when the result is not finite, NaN or Inf in ``f``, or no better than
+      ``u = 0``: a solution below the dtype's smallest normal number, flushed to zero).
     """
 
     u: Field
@@ -630,8 +631,10 @@ class PoissonSolver(eqx.Module):
         if self.method == "spectral":
             if residual:
                 rel = _relative_norm(b - self.operator(u), b)
-                # NaN or Inf in f (or overflow) is the one way a direct solve fails
-                info = mg.IterativeInfo(info.iterations, rel, jnp.isfinite(rel))
+                # A direct solve fails on NaN or Inf in f (or overflow), and when u lies below
+                # the smallest normal number and is flushed to zero (u = 0: residual 1)
+                ok = jnp.isfinite(rel) & (rel < 1)
+                info = mg.IterativeInfo(info.iterations, rel, ok)
         elif self.throw and in_graph:
             # (called eagerly, the caller checks ``converged`` in Python and raises there)
             u = error_if(u, ~info.converged, self._not_converged_message(), self.grid, self.mesh)
