@@ -240,8 +240,10 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
     import h5py
 
     path, name = spec.rsplit(":", 1)
-    if not os.path.isfile(path):
+    if not os.path.exists(path):
         raise ValueError(f"--{option}: file {path!r} does not exist")
+    if not os.path.isfile(path):
+        raise ValueError(f"--{option}: {path!r} is not a regular file (a folder, device or pipe)")
     try:
         fh = h5py.File(path, "r")
     except OSError as e:
@@ -400,7 +402,12 @@ def _geometry_from_coords(field: dict, lengths: list, names: tuple[str, ...]):
     extent, origin = [], []
     for axis, (given, values) in enumerate(zip(lengths, field["coords"])):
         n = field["data"].shape[axis]
-        if given is not None or values is None or n < 2:
+        if given is None and values is not None and n < 2:
+            raise ValueError(
+                f"--rhs: the {names[axis]} coordinate of {field['spec']} has one value, "
+                f"which gives no spacing: give the domain length with --l{names[axis]}"
+            )
+        if given is not None or values is None:
             extent.append(given if given is not None else 1.0)
             origin.append(0.0)
             continue
@@ -489,6 +496,9 @@ def _run(args, held: contextlib.ExitStack) -> int:
     else:
         nx, ny = s.get("nx", 64), s.get("ny", 64)
         shape = [ny, nx] if s.get("nz") is None else [s["nz"], ny, nx]
+        from .cli import _check_memory
+
+        _check_memory(nx, ny, s["precision"], s.get("nz"), "solve")
     ndim = len(shape)
     names = ("z", "y", "x")[3 - ndim :]
     if ndim == 2 and s.get("lz") is not None:
@@ -585,18 +595,23 @@ def _run(args, held: contextlib.ExitStack) -> int:
             from .cli import _shown_devices
 
             raise ValueError(f"--devices {_shown_devices(devices)}: {e}") from None
-    solver = PoissonSolver(
-        grid,
-        tuple(bc),
-        method,
-        coefficient=a,
-        shift=shift,
-        mesh=mesh,
-        rtol=s.get("rtol"),
-        max_iterations=s["max_iterations"],
-        compatibility=s["compatibility"],
-        throw=False,
-    )
+    try:
+        solver = PoissonSolver(
+            grid,
+            tuple(bc),
+            method,
+            coefficient=a,
+            shift=shift,
+            mesh=mesh,
+            rtol=s.get("rtol"),
+            max_iterations=s["max_iterations"],
+            compatibility=s["compatibility"],
+            throw=False,
+        )
+    except ValueError as e:
+        if coef is not None and str(e).startswith("coefficient"):
+            raise ValueError(f"--coefficient {s['coefficient']}: {e}") from None
+        raise
     f_mean = float(np.mean(f))
     scale = float(np.max(np.abs(f))) or 1.0
     # the solver's own round-off bound on the mean (compatibility="check")

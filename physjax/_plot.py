@@ -22,6 +22,57 @@ def _axes(ds, dims):
     return x, y, "m"
 
 
+def _read_frame(path: str | os.PathLike, frame: int | None):
+    """One frame (default: the last; the whole file without a time axis) read into memory.
+
+    A running writer locks the file for a moment while it appends a frame, and a read that
+    meets a frame half-appended fails: both are tried again (0.1 s apart), and a read that
+    keeps failing raises ``ValueError`` naming the file."""
+    import xarray as xr
+
+    shown = os.fspath(path)
+    for attempt in range(_OPEN_TRIES):
+        again = attempt + 1 < _OPEN_TRIES
+        try:
+            opened = xr.open_dataset(shown, engine="h5netcdf")
+        except (OSError, ValueError) as e:
+            if again and "lock" in str(e).lower():
+                time.sleep(0.1)
+                continue
+            raise ValueError(f"cannot read {shown!r} as a NetCDF4/HDF5 file: {e}") from None
+        with opened as ds:
+            try:
+                return _select(ds, shown, frame).load()
+            except OSError as e:  # a frame being appended as it was read
+                if again:
+                    time.sleep(0.1)
+                    continue
+                raise ValueError(
+                    f"cannot read {shown!r}: {e} (is a run still writing it? try again)"
+                ) from None
+    raise AssertionError("unreachable")
+
+
+def _select(ds, shown: str, frame: int | None):
+    if "time" in ds.dims:
+        frame = -1 if frame is None else frame
+        # Only whole frames: a running file may hold one being written.
+        n = min(int(ds.attrs.get("n_frames", ds.sizes["time"])), ds.sizes["time"])
+        if n == 0:
+            raise ValueError(f"{shown!r} holds no frame to plot")
+        if not -n <= frame < n:
+            raise ValueError(
+                f"--frame {frame} is out of range: {shown!r} has {n} frame"
+                f"{'s' if n != 1 else ''} (0 to {n - 1}, or -1 for the last)"
+            )
+        return ds.isel(time=frame % n)
+    if frame is not None:
+        raise ValueError(
+            f"--frame {frame}: {shown!r} has no time axis, so no frames to pick (leave --frame out)"
+        )
+    return ds
+
+
 def plot_panels(
     path: str | os.PathLike,
     output: str | os.PathLike,
@@ -39,108 +90,76 @@ def plot_panels(
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import xarray as xr
 
-    for attempt in range(_OPEN_TRIES):
-        try:
-            opened = xr.open_dataset(os.fspath(path), engine="h5netcdf")
-            break
-        except (OSError, ValueError) as e:
-            # a running file is locked for a moment while a frame is appended: try again
-            if attempt + 1 < _OPEN_TRIES and "lock" in str(e).lower():
-                time.sleep(0.1)
-                continue
-            raise ValueError(
-                f"cannot read {os.fspath(path)!r} as a NetCDF4/HDF5 file: {e}"
-            ) from None
-    with opened as ds:
-        if "time" in ds.dims:
-            frame = -1 if frame is None else frame
-            # Only whole frames: a running file may hold one being written.
-            n = min(int(ds.attrs.get("n_frames", ds.sizes["time"])), ds.sizes["time"])
-            if n == 0:
-                raise ValueError(f"{os.fspath(path)!r} holds no frame to plot")
-            if not -n <= frame < n:
-                raise ValueError(
-                    f"--frame {frame} is out of range: {os.fspath(path)!r} has {n} frame"
-                    f"{'s' if n != 1 else ''} (0 to {n - 1}, or -1 for the last)"
-                )
-            sel = ds.isel(time=frame % n)
-        elif frame is not None:
-            raise ValueError(
-                f"--frame {frame}: {os.fspath(path)!r} has no time axis, so no frames to pick "
-                "(leave --frame out)"
-            )
-        else:
-            sel = ds
-        panels = []
-        if names is None and ds.attrs.get("title") == "physjax poisson":
-            # the solution, its residual, and its error where the exact solution is known
-            names = ["u", "residual", "error" if "error" in sel else "f"]
-            names = [n for n in names if n in sel] or None
-        if names is not None:
-            missing = [n for n in names if n not in sel]
-            if missing:
-                raise ValueError(f"{os.fspath(path)!r} has no variable(s) {missing}")
-            for name in names:
-                var = sel[name]
-                long_name = var.attrs.get("long_name", name)
-                panels.append((var, f"{name}: {long_name}", var.attrs.get("units", ""), "viridis"))
-        elif "h" in sel and "zeta" in sel:
-            eta = sel["h"] + (sel["bottom"] if "bottom" in sel else 0)
-            anomaly = eta - float(eta.mean())
-            panels.append((anomaly, "height anomaly", "m", "RdBu_r"))
-            panels.append((sel["zeta"], "relative vorticity", "s$^{-1}$", "PuOr_r"))
-        else:
-            for name, var in sel.data_vars.items():
-                if var.ndim in (2, 3) and name != "grid":
-                    panels.append(
-                        (
-                            var,
-                            var.attrs.get("long_name", name),
-                            var.attrs.get("units", ""),
-                            "viridis",
-                        )
+    sel = _read_frame(path, frame)  # in memory: the file is closed again
+    panels = []
+    if names is None and sel.attrs.get("title") == "physjax poisson":
+        # the solution, its residual, and its error where the exact solution is known
+        names = ["u", "residual", "error" if "error" in sel else "f"]
+        names = [n for n in names if n in sel] or None
+    if names is not None:
+        missing = [n for n in names if n not in sel]
+        if missing:
+            raise ValueError(f"{os.fspath(path)!r} has no variable(s) {missing}")
+        for name in names:
+            var = sel[name]
+            long_name = var.attrs.get("long_name", name)
+            panels.append((var, f"{name}: {long_name}", var.attrs.get("units", ""), "viridis"))
+    elif "h" in sel and "zeta" in sel:
+        eta = sel["h"] + (sel["bottom"] if "bottom" in sel else 0)
+        anomaly = eta - float(eta.mean())
+        panels.append((anomaly, "height anomaly", "m", "RdBu_r"))
+        panels.append((sel["zeta"], "relative vorticity", "s$^{-1}$", "PuOr_r"))
+    else:
+        for name, var in sel.data_vars.items():
+            if var.ndim in (2, 3) and name != "grid":
+                panels.append(
+                    (
+                        var,
+                        var.attrs.get("long_name", name),
+                        var.attrs.get("units", ""),
+                        "viridis",
                     )
-                if len(panels) == 3:
-                    break
-        if not panels:
-            raise ValueError(f"{os.fspath(path)!r} has no 2-D variable to plot")
-        title_time = ""
-        if "time" in sel.coords or "time" in sel:
-            t = float(sel["time"])
-            title_time = f", t = {t / 86400:.3g} days" if t >= 86400 else f", t = {t:.4g} s"
-        fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False)
-        for ax, (var, label, units, cmap) in zip(axes[0], panels):
-            title = label
-            if names is not None:
-                label = label.split(":", 1)[0]  # the variable's name on the colour bar
-            if var.ndim == 3:
-                level = var.sizes[var.dims[0]] // 2
-                z = float(ds[var.dims[0]][level])
-                var = var.isel({var.dims[0]: level})
-                title = f"{title}\nat z = {z:.3g} m"
-            x, y, xy_units = _axes(ds, var.dims[-2:])
-            data = np.asarray(var, dtype=float)
-            vmax = float(np.nanmax(np.abs(data))) or 1.0
-            exponent = int(np.floor(np.log10(vmax)))
-            if abs(exponent) >= 3:  # put the power of ten in the label, not over the bar
-                data, vmax = data / 10.0**exponent, vmax / 10.0**exponent
-                units = f"$10^{{{exponent}}}$ {units}"
-            kwargs = {"vmin": -vmax, "vmax": vmax} if cmap != "viridis" else {}
-            im = ax.pcolormesh(x, y, data, cmap=cmap, shading="auto", **kwargs)
-            ax.set_aspect("equal")
-            ax.set_xlabel(f"x [{xy_units}]")
-            ax.set_ylabel(f"y [{xy_units}]")
-            ax.set_title(title, fontsize=10)
-            fig.colorbar(im, ax=ax, shrink=0.85, label=f"{label} [{units}]")
-        case = ds.attrs.get("case", "")
-        if ds.attrs.get("title") == "physjax poisson":
-            config = ds.attrs.get("configuration", "")
-            rhs = json.loads(config).get("rhs", "") if config else ""
-            case = f"poisson, {rhs or case}"
-        fig.suptitle(f"physjax {case}{title_time}")
-        fig.tight_layout()
-        fig.savefig(os.fspath(output), dpi=110)
-        plt.close(fig)
+                )
+            if len(panels) == 3:
+                break
+    if not panels:
+        raise ValueError(f"{os.fspath(path)!r} has no 2-D variable to plot")
+    title_time = ""
+    if "time" in sel.coords or "time" in sel:
+        t = float(sel["time"])
+        title_time = f", t = {t / 86400:.3g} days" if t >= 86400 else f", t = {t:.4g} s"
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False)
+    for ax, (var, label, units, cmap) in zip(axes[0], panels):
+        title = label
+        if names is not None:
+            label = label.split(":", 1)[0]  # the variable's name on the colour bar
+        if var.ndim == 3:
+            level = var.sizes[var.dims[0]] // 2
+            z = float(sel[var.dims[0]][level])
+            var = var.isel({var.dims[0]: level})
+            title = f"{title}\nat z = {z:.3g} m"
+        x, y, xy_units = _axes(sel, var.dims[-2:])
+        data = np.asarray(var, dtype=float)
+        vmax = float(np.nanmax(np.abs(data))) or 1.0
+        exponent = int(np.floor(np.log10(vmax)))
+        if abs(exponent) >= 3:  # put the power of ten in the label, not over the bar
+            data, vmax = data / 10.0**exponent, vmax / 10.0**exponent
+            units = f"$10^{{{exponent}}}$ {units}"
+        kwargs = {"vmin": -vmax, "vmax": vmax} if cmap != "viridis" else {}
+        im = ax.pcolormesh(x, y, data, cmap=cmap, shading="auto", **kwargs)
+        ax.set_aspect("equal")
+        ax.set_xlabel(f"x [{xy_units}]")
+        ax.set_ylabel(f"y [{xy_units}]")
+        ax.set_title(title, fontsize=10)
+        fig.colorbar(im, ax=ax, shrink=0.85, label=f"{label} [{units}]")
+    case = sel.attrs.get("case", "")
+    if sel.attrs.get("title") == "physjax poisson":
+        config = sel.attrs.get("configuration", "")
+        rhs = json.loads(config).get("rhs", "") if config else ""
+        case = f"poisson, {rhs or case}"
+    fig.suptitle(f"physjax {case}{title_time}")
+    fig.tight_layout()
+    fig.savefig(os.fspath(output), dpi=110)
+    plt.close(fig)
     return os.fspath(output)

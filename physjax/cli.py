@@ -101,6 +101,8 @@ def load_config(
 ) -> dict[str, Any]:
     """Read a TOML config: top-level run settings and (if `parameters`) a ``[parameters]``
     table."""
+    if os.path.exists(path) and not os.path.isdir(path) and not os.path.isfile(path):
+        raise ValueError(f"--config: {path!r} is not a regular file (a device or pipe)")
     try:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
@@ -485,9 +487,11 @@ def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dic
 _FIELDS_IN_MEMORY = 24
 
 
-def _check_memory(nx: int, ny: int, precision: str) -> None:
-    """Refuse, before anything is allocated, a grid whose run cannot fit in this machine's
-    memory (CPU only: on an accelerator the fields live in its own memory)."""
+def _check_memory(
+    nx: int, ny: int, precision: str, nz: int | None = None, what: str = "run"
+) -> None:
+    """Refuse, before anything is allocated, a grid whose run (or solve) cannot fit in this
+    machine's memory (CPU only: on an accelerator the fields live in its own memory)."""
     import jax
 
     if jax.default_backend() != "cpu":
@@ -496,10 +500,13 @@ def _check_memory(nx: int, ny: int, precision: str) -> None:
         total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return
-    need = _FIELDS_IN_MEMORY * nx * ny * (4 if precision == "float32" else 8)
+    cells = nx * ny * (nz or 1)
+    need = _FIELDS_IN_MEMORY * cells * (4 if precision == "float32" else 8)
     if need > total:
+        options = f"--nx {nx} --ny {ny}" + (f" --nz {nz}" if nz else "")
+        shape = "×".join(str(n) for n in (nz, ny, nx) if n)
         raise ValueError(
-            f"--nx {nx} --ny {ny}: a {precision} run of {ny}×{nx} cells needs about "
+            f"{options}: a {precision} {what} of {shape} cells needs about "
             f"{need / 2**30:.3g} GiB of memory, more than this machine's "
             f"{total / 2**30:.3g} GiB; choose a smaller grid"
         )
@@ -684,7 +691,8 @@ def _run_shallow_water(
     if unknown:
         allowed = ", ".join(sorted(k for k in defaults if k not in _OPTION_PARAMETERS))
         raise ValueError(
-            f"--param: unknown parameter(s) {unknown} for case {case_name!r}; allowed: {allowed}"
+            f"unknown parameter(s) {unknown} (--param, or the [parameters] table of "
+            f"--config) for case {case_name!r}; allowed: {allowed}"
         )
     _check_memory(
         kw.get("nx", CASES[case_name].shape[1]), kw.get("ny", CASES[case_name].shape[0]), precision
@@ -881,9 +889,16 @@ def _run_shallow_water(
             bar.close()
             writer.finish(f"failed: {e.reason} at step {e.step}, t = {e.time:.6g} s")
             e.frames_written += frames_before
-            raise SimulationBlewUp(
-                e.step, e.time, e.frames_written, output, reason=e.reason
-            ) from None
+            failed = SimulationBlewUp(e.step, e.time, e.frames_written, output, reason=e.reason)
+            if plot and e.frames_written:  # the last good frame: where to look for the cause
+                try:
+                    _write_plot(output, plot)
+                    failed.add_note(f"{plot} shows the last frame written before it")
+                except ValueError as err:
+                    failed.add_note(f"no plot drawn: {err}")
+            elif plot:
+                failed.add_note(f"no plot drawn: {output} holds no frame")
+            raise failed from None
         except OutputSpaceError as e:
             stop.shield()
             bar.close()
@@ -948,8 +963,12 @@ def _run_shallow_water(
             f"lands on --t-end {t_end:g} s"
         )
     plot_note = f" and {plot}" if plot else ""
+    if resume:  # the frames of this call, and the file's total
+        wrote = f"{frames} more frame{'s' if frames != 1 else ''} ({total_frames} in the file)"
+    else:
+        wrote = f"{total_frames} frame{'s' if total_frames != 1 else ''}"
     print(
-        f"wrote {total_frames} frame{'s' if total_frames != 1 else ''} of {case_name} "
+        f"wrote {wrote} of {case_name} "
         f"(t = {step * dt:.6g} s, {step} step{'s' if step != 1 else ''} of "
         f"dt = {dt:.6g} s) to {output}{plot_note}{note}",
         file=out,
@@ -987,8 +1006,10 @@ def _cmd_shallow_water(args) -> int:
 def _cmd_plot(args) -> int:
     if os.path.isdir(args.file):
         raise ValueError(f"file {args.file!r} is a directory; give a physjax output file")
-    if not os.path.isfile(args.file):
+    if not os.path.exists(args.file):
         raise ValueError(f"file {args.file!r} does not exist")
+    if not os.path.isfile(args.file):
+        raise ValueError(f"{args.file!r} is not a regular file (a device or pipe)")
     out = args.output or os.path.splitext(args.file)[0] + ".png"
     _check_plot_path(out, "--output" if args.output else "the default output")
     _write_plot(args.file, out, "--output", frame=args.frame)
@@ -1049,7 +1070,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except SimulationBlewUp as e:
-        print(f"physjax {args.command}: {e}", file=sys.stderr)
+        notes = "".join(f"\n{note}" for note in getattr(e, "__notes__", ()))  # the plot drawn
+        print(f"physjax {args.command}: {e}{notes}", file=sys.stderr)
         return 3
     except (ValueError, TypeError) as e:
         notes = "".join(f"\n{note}" for note in getattr(e, "__notes__", ()))  # where a run stopped

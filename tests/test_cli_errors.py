@@ -51,6 +51,27 @@ def test_grids_too_small_for_the_case_are_refused_before_any_file(tmp_path, caps
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /dev/null and mkfifo")
+def test_devices_and_pipes_are_never_replaced_or_opened(tmp_path, capsys):
+    """/dev/null used to be replaced by the output file with --overwrite (as the error
+    advised), and a named pipe made the run wait for a reader forever."""
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    for path in ("/dev/null", str(pipe)):
+        for extra in ([], ["--overwrite"]):
+            code, err = _error(capsys, ["shallow-water", *FAST, "--output", path, *extra])
+            assert code == 2 and f"--output {path!r} is not a regular file" in err, err
+        argv = ["poisson", "--n", "8", "--output", path, "--overwrite"]
+        code, err = _error(capsys, argv)
+        assert code == 2 and f"--output {path!r} is not a regular file" in err, err
+    assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
+    code, err = _error(capsys, ["plot", str(pipe)])  # was "does not exist"
+    assert code == 2 and f"{str(pipe)!r} is not a regular file" in err
+    code, err = _error(capsys, ["shallow-water", "--config", str(pipe)])
+    assert code == 2 and f"--config: {str(pipe)!r} is not a regular file" in err
+    assert os.listdir(tmp_path) == ["pipe"]
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc and /sys")
 @pytest.mark.parametrize(
     "option, path",
@@ -214,6 +235,34 @@ def test_plot_subcommand_errors(tmp_path, capsys):
     code, err = _error(capsys, ["plot", str(tmp_path)])
     assert code == 2 and f"file {str(tmp_path)!r} is a directory" in err
     assert sorted(os.listdir(tmp_path)) == ["a.h5", "d.png", "notanhdf5.txt"]
+
+
+def test_plot_of_a_file_that_fails_to_read_names_the_file_not_the_picture(
+    tmp_path, capsys, monkeypatch
+):
+    """A read that meets a frame being appended is tried again; one that keeps failing
+    names the input file. It used to be reported as the PNG that 'could not be written'."""
+    from physjax import _plot
+
+    out = tmp_path / "a.h5"
+    assert main(["shallow-water", *FAST, "--output", str(out)]) == 0
+    calls = []
+    load = xr.Dataset.load
+
+    def flaky(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) <= 2:
+            raise OSError("Can't synchronously read data (addr overflow)")
+        return load(self, *args, **kwargs)
+
+    monkeypatch.setattr(xr.Dataset, "load", flaky)
+    assert main(["plot", str(out), "--output", str(tmp_path / "a.png")]) == 0  # third try
+    assert len(calls) == 3 and (tmp_path / "a.png").exists()
+    calls.clear()
+    monkeypatch.setattr(_plot, "_OPEN_TRIES", 2)
+    code, err = _error(capsys, ["plot", str(out), "--output", str(tmp_path / "b.png")])
+    assert code == 2 and f"cannot read {str(out)!r}: Can't synchronously read" in err
+    assert "could not be written" not in err and not (tmp_path / "b.png").exists()
 
 
 def test_output_and_plot_on_the_same_path_are_refused(tmp_path, capsys):

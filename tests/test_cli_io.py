@@ -93,7 +93,18 @@ def test_files_are_understood_by_xgcm_and_cf_xarray(tmp_path):
         == 0
     )
     with xr.open_dataset(out) as ds:
-        grid = xgcm.Grid(ds, padding={"X": "periodic", "Y": "extend"})
+        # the file says which axes wrap (a periodic channel between walls)
+        assert [ds[c].attrs["boundary"] for c in ("x", "x_f", "y", "y_f")] == [
+            "periodic",
+            "periodic",
+            "wall",
+            "wall",
+        ]
+        padding = {
+            c.upper(): "periodic" if ds[c].attrs["boundary"] == "periodic" else "extend"
+            for c in "xy"
+        }
+        grid = xgcm.Grid(ds, padding=padding)
         assert set(grid.axes) == {"X", "Y"}
         assert grid.axes["X"].coords == {"center": "x", "left": "x_f"}
         assert grid.axes["Y"].coords == {"center": "y", "left": "y_f"}
@@ -125,6 +136,7 @@ def test_files_are_understood_by_xgcm_and_cf_xarray(tmp_path):
         == 0
     )
     with xr.open_dataset(p3) as ds:
+        assert {ds[c].attrs["boundary"] for c in ("x", "y", "z", "z_f")} == {"wall"}
         grid = xgcm.Grid(ds, padding="extend")
         assert {name: axis.coords for name, axis in grid.axes.items()} == {
             a.upper(): {"center": a, "left": f"{a}_f"} for a in "zyx"
@@ -132,7 +144,7 @@ def test_files_are_understood_by_xgcm_and_cf_xarray(tmp_path):
         assert ds.cf.axes == {"X": ["x", "x_f"], "Y": ["y", "y_f"], "Z": ["z", "z_f"]}
 
 
-def test_resume_equals_uninterrupted_bit_for_bit(tmp_path):
+def test_resume_equals_uninterrupted_bit_for_bit(tmp_path, capsys):
     args = [
         "--case",
         "barotropic-instability",
@@ -159,10 +171,14 @@ def test_resume_equals_uninterrupted_bit_for_bit(tmp_path):
             "continue with --resume"
         )
         assert ds.sizes["time"] == 3 and ds.attrs["n_frames"] == 3
+    capsys.readouterr()
     assert main(["shallow-water", "--output", str(part), "--resume", "--quiet"]) == 0
+    line = capsys.readouterr().out
     with xr.open_dataset(full) as a, xr.open_dataset(part) as b:
         assert b.attrs["status"] == "complete"
         assert a.sizes["time"] == b.sizes["time"] > 4
+        n = b.sizes["time"]  # the closing line counted the file's frames as this call's
+        assert line.startswith(f"wrote {n - 3} more frames ({n} in the file) of"), line
         for name in ("h", "u", "v", "zeta", "time", "step"):
             assert np.array_equal(a[name].values, b[name].values), name
 
@@ -218,11 +234,16 @@ def test_blow_up_stops_with_step_and_keeps_frames(tmp_path, capsys):
             "--quiet",
             "--output",
             str(out),
+            "--plot",
+            str(tmp_path / "boom.png"),
         ]
     )
     err = capsys.readouterr().err
     assert code == 3
     assert "blew up (NaN/Inf or h <= 0) at step" in err and "t = " in err
+    # the picture of the last good frame is drawn (it used to be skipped without a word)
+    assert f"{tmp_path / 'boom.png'} shows the last frame written before it" in err
+    assert (tmp_path / "boom.png").stat().st_size > 10_000
     assert f"written before it are kept in {out}." in err  # the line names the file
     step = int(err.split("at step ")[1].split(",")[0])
     t = float(err.split("t = ")[1].split(" s;")[0])
@@ -864,7 +885,8 @@ def test_too_many_steps_and_too_large_a_grid_are_refused_before_writing(tmp_path
     # a case's own end time is set by --t-end, so --param does not offer it
     assert main(["shallow-water", "--param", "foo=1", "--output", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "--param: unknown parameter(s) ['foo']" in err and "t_end" not in err
+    assert "unknown parameter(s) ['foo'] (--param, or the [parameters] table" in err
+    assert "t_end" not in err
     assert not out.exists()
 
 

@@ -216,7 +216,7 @@ def test_streamfunction_of_a_shallow_water_run(tmp_path):
         assert json.loads(ds.attrs["configuration"])["frame"] == 0
 
 
-def test_coefficient_from_file(tmp_path):
+def test_coefficient_from_file(tmp_path, capsys):
     ny, nx = 32, 32
     x = (np.arange(nx) + 0.5) / nx
     a = np.broadcast_to(1 + 0.5 * np.sin(2 * np.pi * x), (ny, nx)).copy()
@@ -256,6 +256,14 @@ def test_coefficient_from_file(tmp_path):
     assert code == 0
     with xr.open_dataset(out) as ds:
         assert np.abs(np.asarray(ds["u"]) - 2 * ref).max() <= 1e-8 * np.abs(ref).max()
+    # a coefficient that is not > 0: the error names the option and the file's variable
+    with h5py.File(src, "a") as h:
+        h["neg"] = a - 1.2
+    argv = ("--rhs", f"{src}:f", "--coefficient", f"{src}:neg", "--bc", "dirichlet")
+    code, out = _poisson(tmp_path, *argv, name="neg.h5")
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists()
+    assert f"--coefficient {src}:neg: coefficient must be" in err and "got min -0.698" in err, err
 
 
 def test_config_file_and_precedence(tmp_path):
@@ -396,6 +404,8 @@ def rhs_file(tmp_path):
         (["--bc", "wall"], "unknown boundary condition(s) ['wall']"),
         (["--bc", "dirichlet,dirichlet,dirichlet"], "--bc needs one condition or 2"),
         (["--n", "0"], "--n must be a positive integer"),
+        (["--n", "100000"], "--nx 100000 --ny 100000: a float64 solve of 100000×100000 cells"),
+        (["--n", "4096", "--nz", "4096"], "--nz 4096: a float64 solve of 4096×4096×4096 cells"),
         (["--method", "multigrid", "--n", "97"], "multigrid cannot coarsen"),
         (["--method", "spectral", "--case", "variable-coefficient"], "needs a constant coef"),
         (["--rtol", "2"], "--rtol must be a number in (0, 1)"),
@@ -500,6 +510,18 @@ def test_coordinate_units(tmp_path, capsys):
     assert code == 0
     with xr.open_dataset(out) as ds:
         assert json.loads(ds.attrs["configuration"])["extent"] == [8e6, 4e7]
+    row = tmp_path / "row.nc"  # one y value: no spacing (it used to become a 1-m extent)
+    _write_rhs(row, f[:1], 1e3, 1e3)
+    code, out = _poisson(tmp_path, "--rhs", f"{row}:forcing", "--bc", "neumann,periodic")
+    assert code == 2 and not out.exists()
+    err = capsys.readouterr().err
+    assert "the y coordinate of" in err and "has one value" in err and "--ly" in err
+    code, out = _poisson(
+        tmp_path, "--rhs", f"{row}:forcing", "--bc", "neumann,periodic", "--ly", "1e3"
+    )
+    assert code == 0
+    with xr.open_dataset(out) as ds:
+        assert json.loads(ds.attrs["configuration"])["extent"] == [1e3, 16e3]
 
 
 def test_packed_and_missing_values_read_as_cf_readers_do(tmp_path, capsys):

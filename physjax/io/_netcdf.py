@@ -181,6 +181,13 @@ def check_writable(path: str | os.PathLike, what: str = "output path") -> None:
         raise ValueError(f"{what} {path!r} is a directory; give a file name like out.h5")
     if not os.path.isdir(folder):
         raise ValueError(f"{what} {path!r}: folder {folder!r} does not exist")
+    if os.path.exists(path) and not os.path.isfile(path):
+        # a device such as /dev/null, a named pipe (opening it would wait for a reader) or a
+        # socket: never replaced by a file, --overwrite or not
+        raise ValueError(
+            f"{what} {path!r} is not a regular file (a device, pipe or socket); give a file "
+            "name like out.h5"
+        )
     try:
         if os.path.exists(path):
             with open(path, "ab"):
@@ -274,13 +281,17 @@ class NetCDFWriter:
                 t.attrs.update(units="s", long_name="simulated time since the start of the run")
                 s = f.create_variable("step", ("time",), "i8")
                 s.attrs.update(units="1", long_name="number of time steps taken")
-            for name in g.axis_names:
+            for name, periodic in zip(g.axis_names, g.periodic):
                 for stagger in ("centre", "face"):
                     dim = name if stagger == "centre" else f"{name}_f"
                     c = f.create_variable(dim, (dim,), "f8", data=g.coordinates(name, stagger))
                     where = "centres" if stagger == "centre" else "low faces"
                     c.attrs.update(
-                        units="m", long_name=f"{name} of cell {where}", axis=name.upper()
+                        units="m",
+                        long_name=f"{name} of cell {where}",
+                        axis=name.upper(),
+                        # not in the SGRID/CF metadata: what xgcm's padding needs
+                        boundary="periodic" if periodic else "wall",
                     )
                     if stagger == "face":
                         c.attrs["c_grid_axis_shift"] = -0.5
