@@ -304,6 +304,8 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
         )
     if not np.issubdtype(data.dtype, np.number):
         raise ValueError(f"--{option}: {spec} is not numeric (dtype {data.dtype})")
+    if data.size == 0:
+        raise ValueError(f"--{option}: {spec} holds no values (shape {data.shape})")
     bad = int(np.sum(~np.isfinite(data)))
     if bad:
         raise ValueError(f"--{option}: {spec} holds {bad} non-finite value(s) (NaN/Inf)")
@@ -611,6 +613,10 @@ def _run(args, held: contextlib.ExitStack) -> int:
     except ValueError as e:
         if coef is not None and str(e).startswith("coefficient"):
             raise ValueError(f"--coefficient {s['coefficient']}: {e}") from None
+        if str(e).startswith("multigrid cannot coarsen"):
+            sizes = " ".join(f"--n{n} {k}" for n, k in zip(names, shape))
+            text = str(e).replace("method='spectral'", "--method spectral")
+            raise ValueError(f"--method {method} with {sizes}: {text}") from None
         raise
     f_mean = float(np.mean(f))
     scale = float(np.max(np.abs(f))) or 1.0

@@ -393,6 +393,7 @@ def rhs_file(tmp_path):
     _write_rhs(path, np.ones((3, 8, 8)), 1.0, 1.0, time=True)
     with h5py.File(path, "a") as h:
         h["line"] = np.zeros(8)
+        h["empty"] = np.zeros((0, 8, 8))
         h["bad"] = np.full((8, 8), np.nan)
     xr.Dataset({"yz": (("y", "z"), np.ones((8, 8)))}).to_netcdf(path, "a", engine="h5netcdf")
     return path
@@ -406,7 +407,10 @@ def rhs_file(tmp_path):
         (["--n", "0"], "--n must be a positive integer"),
         (["--n", "100000"], "--nx 100000 --ny 100000: a float64 solve of 100000×100000 cells"),
         (["--n", "4096", "--nz", "4096"], "--nz 4096: a float64 solve of 4096×4096×4096 cells"),
-        (["--method", "multigrid", "--n", "97"], "multigrid cannot coarsen"),
+        (
+            ["--method", "multigrid", "--n", "97"],
+            "--method multigrid with --ny 97 --nx 97: multigrid",
+        ),
         (["--method", "spectral", "--case", "variable-coefficient"], "needs a constant coef"),
         (["--rtol", "2"], "--rtol must be a number in (0, 1)"),
         (["--shift", "0"], "--shift must be a finite number > 0, got 0.0"),
@@ -418,6 +422,7 @@ def rhs_file(tmp_path):
         (["--rhs", "nofile.h5:f", "--bc", "periodic"], "file 'nofile.h5' does not exist"),
         (["--rhs", "{rhs}:nope", "--bc", "periodic"], "has no variable 'nope'"),
         (["--rhs", "{rhs}:line", "--bc", "periodic"], "need a 2-D (y, x) or 3-D"),
+        (["--rhs", "{rhs}:empty", "--bc", "periodic"], "empty holds no values (shape (0, 8, 8))"),
         (["--rhs", "{rhs}:bad", "--bc", "periodic"], "64 non-finite value(s)"),
         (["--rhs", "{rhs}:forcing", "--bc", "periodic", "--frame", "3"], "out of range"),
         (["--rhs", "{rhs}:forcing", "--bc", "periodic", "--nx", "16"], "--nx=16 does not match"),
