@@ -556,7 +556,7 @@ def _run(args, held: contextlib.ExitStack) -> int:
 
     check_writable(output, "--output")
     held.enter_context(output_lock(output))
-    _check_overwrite(output, bool(getattr(args, "overwrite", False)))
+    _check_overwrite(output, bool(getattr(args, "overwrite", False)), "poisson")
     _check_plot_path(s.get("plot"), output=output)
 
     import jax
@@ -683,6 +683,7 @@ def _run(args, held: contextlib.ExitStack) -> int:
             error_l2=float(np.sqrt(np.mean(err**2))),
         )
     config = dict(
+        command="poisson",
         case=s["case"] if rhs is None else "user",
         rhs=s.get("rhs") or "",
         coefficient=s.get("coefficient") or "",

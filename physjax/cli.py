@@ -526,12 +526,13 @@ def _steps(t_end: float, dt: float) -> tuple[int, float]:
     return n, t_end / n
 
 
-def _check_overwrite(output: str, overwrite: bool) -> None:
-    """A new run replaces an existing ``output`` only if it holds a physjax run that ended
-    (``complete`` or ``failed: …``), or with ``--overwrite``: an unfinished run is what
-    ``--resume`` continues, and a file physjax did not write may be someone's data. A run
-    replaced without ``--overwrite`` is named on stderr (the default output ``<case>.h5``
-    makes it easy to replace one unawares)."""
+def _check_overwrite(output: str, overwrite: bool, command: str = "shallow-water") -> None:
+    """A new run replaces an existing ``output`` only if it holds a run of the same
+    ``command`` that ended (``complete`` or ``failed: …``), or with ``--overwrite``: an
+    unfinished run is what ``--resume`` continues, a file physjax did not write may be
+    someone's data, and another command's results are most likely a clash of file names.
+    A run replaced without ``--overwrite`` is named on stderr (the default output
+    ``<case>.h5`` makes it easy to replace one unawares)."""
     from .io import STATUS_COMPLETE, read_attrs
 
     if overwrite or not os.path.exists(output):
@@ -547,15 +548,23 @@ def _check_overwrite(output: str, overwrite: bool) -> None:
             f"to replace it, or give another --output"
         )
     config = attrs.get("configuration")
-    command = config.get("command", "physjax") if isinstance(config, dict) else "physjax"
+    stored = config.get("command") if isinstance(config, dict) else None
+    if stored is None:  # poisson files written before they recorded their command
+        stored = "poisson" if attrs.get("title") == "physjax poisson" else "physjax"
     if status != STATUS_COMPLETE and not status.startswith("failed"):
         raise ValueError(
-            f"--output {output!r} holds an unfinished {command} run (status {status!r}); "
-            f"continue it with: physjax {command} --output {shlex.quote(output)} --resume, "
+            f"--output {output!r} holds an unfinished {stored} run (status {status!r}); "
+            f"continue it with: physjax {stored} --output {shlex.quote(output)} --resume, "
             f"or pass --overwrite to replace it"
         )
+    if stored != command:
+        raise ValueError(
+            f"--output {output!r} holds the results of physjax {stored} (case "
+            f"{attrs.get('case', '?')}, {status}); give this {command} run another --output, "
+            f"or pass --overwrite to replace them"
+        )
     print(
-        f"replacing the {command} run in {output} (case {attrs.get('case', '?')}, {status})",
+        f"replacing the {stored} run in {output} (case {attrs.get('case', '?')}, {status})",
         file=sys.stderr,
     )
 

@@ -607,3 +607,17 @@ def test_output_replaces_a_physjax_file_but_not_someone_elses(tmp_path, capsys):
     assert _poisson(tmp_path, *small, "--overwrite", name="mine.h5")[0] == 0
     with xr.open_dataset(data) as ds:
         assert ds.attrs["status"] == "complete" and "u" in ds
+    # another command's finished results: a clash of names, not replaced without --overwrite
+    # (a solve used to replace a complete shallow-water run, and the other way round)
+    sw = tmp_path / "sw.h5"
+    fast = ["--case", "gravity-wave", "--n", "8", "--t-end", "3600", "--quiet"]
+    assert main(["shallow-water", *fast, "--output", str(sw)]) == 0
+    before = sw.read_bytes()
+    capsys.readouterr()
+    assert _poisson(tmp_path, *small, name="sw.h5")[0] == 2
+    err = capsys.readouterr().err
+    assert "holds the results of physjax shallow-water (case gravity-wave, complete)" in err
+    assert sw.read_bytes() == before
+    assert main(["shallow-water", *fast, "--output", str(out)]) == 2
+    assert "holds the results of physjax poisson (case dirichlet" in capsys.readouterr().err
+    assert _poisson(tmp_path, *small, "--overwrite", name="sw.h5")[0] == 0
