@@ -1096,8 +1096,9 @@ def test_helmholtz_line_relaxation_with_a_field_shift():
 def test_helmholtz_field_shift_with_coefficient_and_wall_values_second_order():
     """∇·(a∇u) - c u = f with a field c, a variable a, Dirichlet values on x and Neumann
     values on y together: cg converges at order 2 to the continuous u (errors 16²-64²:
-    9.4e-3, 2.3e-3, 5.8e-4), and multigrid reaches the same discrete solution."""
-    ns, errors = [16, 32, 64], []
+    9.4e-3, 2.3e-3, 5.8e-4; 16² and 32² here: 2.01), and multigrid reaches the same
+    discrete solution."""
+    ns, errors = [16, 32], []
     bc = {"x": "dirichlet", "y": "neumann"}
     for n in ns:
         grid = _grid((n, n), False)
