@@ -550,7 +550,7 @@ def _check_overwrite(output: str, overwrite: bool, command: str = "shallow-water
     config = attrs.get("configuration")
     stored = config.get("command") if isinstance(config, dict) else None
     if stored is None:  # poisson files written before they recorded their command
-        stored = "poisson" if attrs.get("title") == "physjax poisson" else "physjax"
+        stored = "poisson" if attrs.get("title") == "physjax poisson" else "(unknown)"
     if status != STATUS_COMPLETE and not status.startswith("failed"):
         raise ValueError(
             f"--output {output!r} holds an unfinished {stored} run (status {status!r}); "
