@@ -706,7 +706,12 @@ def _run_shallow_water(
     _check_memory(
         kw.get("nx", CASES[case_name].shape[1]), kw.get("ny", CASES[case_name].shape[0]), precision
     )
-    case = make_case(case_name, precision=precision, **kw, **params)
+    try:
+        case = make_case(case_name, precision=precision, **kw, **params)
+    except (TypeError, ValueError) as e:
+        if str(e).startswith("parameter "):  # name where the value came from
+            raise type(e)(f"{e} (--param, or the [parameters] table of --config)") from None
+        raise
     model, state = case.model, case.state
     grid = model.grid
 

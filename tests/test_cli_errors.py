@@ -126,6 +126,7 @@ def test_wrong_parameter_type_on_the_command_line(tmp_path, capsys):
     )
     assert code == 2
     assert "parameter coriolis must be a number (default 0.0001), got 'abc' (str)" in err
+    assert "(--param, or the [parameters] table of --config)" in err  # where it came from
     assert list(tmp_path.iterdir()) == []
 
 
