@@ -25,9 +25,9 @@ def _axes(ds, dims):
 def _read_frame(path: str | os.PathLike, frame: int | None):
     """One frame (default: the last; the whole file without a time axis) read into memory.
 
-    A running writer locks the file for a moment while it appends a frame, and a read that
-    meets a frame half-appended fails: both are tried again (0.1 s apart), and a read that
-    keeps failing raises ``ValueError`` naming the file."""
+    A running writer locks the file for a moment while it appends a frame, and an open or a
+    read that meets a frame half-appended fails: these are tried again (0.1 s apart), and a
+    read that keeps failing raises ``ValueError`` naming the file."""
     import xarray as xr
 
     shown = os.fspath(path)
@@ -36,7 +36,8 @@ def _read_frame(path: str | os.PathLike, frame: int | None):
         try:
             opened = xr.open_dataset(shown, engine="h5netcdf")
         except (OSError, ValueError) as e:
-            if again and "lock" in str(e).lower():
+            # locked for a moment, or seen in the middle of an append: try again
+            if again and any(w in str(e).lower() for w in ("lock", "truncated")):
                 time.sleep(0.1)
                 continue
             raise ValueError(f"cannot read {shown!r} as a NetCDF4/HDF5 file: {e}") from None

@@ -257,8 +257,18 @@ def test_plot_of_a_file_that_fails_to_read_names_the_file_not_the_picture(
         return load(self, *args, **kwargs)
 
     monkeypatch.setattr(xr.Dataset, "load", flaky)
+    opens = []
+    open_dataset = xr.open_dataset
+
+    def truncated_once(*args, **kwargs):  # opened in the middle of an append
+        opens.append(1)
+        if len(opens) == 1:
+            raise OSError("Unable to synchronously open file (truncated file: eof = 96)")
+        return open_dataset(*args, **kwargs)
+
+    monkeypatch.setattr(xr, "open_dataset", truncated_once)
     assert main(["plot", str(out), "--output", str(tmp_path / "a.png")]) == 0  # third try
-    assert len(calls) == 3 and (tmp_path / "a.png").exists()
+    assert len(calls) == 3 and len(opens) == 4 and (tmp_path / "a.png").exists()
     calls.clear()
     monkeypatch.setattr(_plot, "_OPEN_TRIES", 2)
     code, err = _error(capsys, ["plot", str(out), "--output", str(tmp_path / "b.png")])
