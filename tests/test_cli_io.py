@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -1066,3 +1067,47 @@ def test_param_refuses_settings_with_options_of_their_own(tmp_path, capsys, key,
     err = capsys.readouterr().err
     assert f"--param {key}: {key} is not a physical parameter here; set it with {option}" in err
     assert not (tmp_path / "p.h5").exists()
+
+
+def test_writer_checks_every_field_before_writing_a_byte(tmp_path):
+    """physjax.io used from Python: a complex field failed half-way through a frame (the
+    file then showed a phantom partial frame), write_static overwrote every frame of a
+    time-dependent variable, unknown names were dropped, a file without a time axis gave a
+    bare KeyError, doubled names collapsed, and reopen took a variable on other dims."""
+    from physjax.grids import CENTRE, X_FACE, Grid
+    from physjax.io import Variable
+
+    grid = Grid((4, 6), (4e3, 6e3), dtype="float64")
+    a, b = Variable("a", CENTRE, "m", "A"), Variable("b", CENTRE, "m", "B")
+    s = Variable("s", CENTRE, "m", "S", False)
+    path = tmp_path / "w.nc"
+    w = NetCDFWriter(path, grid, [a, b, s])
+    w.write_static({"s": np.ones(grid.shape)})
+    w.append(0.0, 0, {"a": np.zeros(grid.shape), "b": np.zeros(grid.shape)})
+    before = path.read_bytes()
+    one = np.ones(grid.shape)
+    for fields, match in [
+        ({"a": one, "b": one * 1j}, "field 'b' must be real and numeric, got dtype complex128"),
+        ({"a": one, "b": np.full(grid.shape, "x")}, "field 'b' must be real and numeric"),
+        ({"a": one, "b": one, "typo": one}, "field 'typo' is not one of the variables"),
+        ({"a": one, "b": one, "s": one}, "field 's' is not time-dependent: write it with"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(match)):
+            w.append(1.0, 1, fields)
+    for time_, step, match in [(np.nan, 1, "time must be a finite"), (1.0, 2.7, "step must be")]:
+        with pytest.raises(ValueError, match=match):
+            w.append(time_, step, {"a": one, "b": one})
+    with pytest.raises(ValueError, match="field 'a' is time-dependent: write it with append"):
+        w.write_static({"a": one})
+    with pytest.raises(ValueError, match=re.escape("field 's' has shape (6, 4)")):
+        w.write_static({"s": np.ones((6, 4))})
+    assert path.read_bytes() == before  # nothing written by any of them
+    with xr.load_dataset(path) as ds:
+        assert ds.sizes["time"] == 1 and float(ds["a"].max()) == 0.0
+    with pytest.raises(ValueError, match=re.escape("'a' in") + ".*lies on"):
+        NetCDFWriter.reopen(path, grid, [Variable("a", X_FACE, "m", "A"), b])
+    with pytest.raises(ValueError, match=re.escape("name(s) ['a'] are given more than once")):
+        NetCDFWriter(tmp_path / "d.nc", grid, [a, Variable("a", X_FACE, "m", "A")])
+    static = NetCDFWriter(tmp_path / "st.nc", grid, [s])
+    with pytest.raises(ValueError, match="has no time axis"):
+        static.append(0.0, 0, {})

@@ -328,3 +328,23 @@ def test_error_if_on_a_mesh_raises_on_every_device_without_gathering():
     np.testing.assert_array_equal(np.asarray(jax.vmap(halve)(batch)), batch / 2 + 1)
     with pytest.raises(Exception, match="mean above 1"):
         jax.vmap(halve)(np.stack([x, x + 4])).block_until_ready()
+
+
+def test_z_stencils_refuse_2d_fields_and_grids():
+    """interp_z_c2f of a 2-D field averaged along x (axis -3 wrapped round), and
+    diff_z_c2f with a 2-D grid raised a bare IndexError."""
+    from physjax.grids import diff_z_c2f, interp_z_c2f, interp_z_f2c
+
+    f2 = jnp.arange(20.0).reshape(4, 5) ** 2
+    for op in (interp_z_c2f, interp_z_f2c):
+        with pytest.raises(ValueError, match=r"along z needs a field of ≥ 3 dimensions"):
+            op(f2)
+    g2 = Grid((4, 5), (1.0, 1.0), dtype="float64")
+    with pytest.raises(ValueError, match="along z needs a field"):
+        diff_z_c2f(f2, g2)
+    with pytest.raises(ValueError, match="along z needs a 3-D grid, got a 2-D one"):
+        diff_z_c2f(jnp.ones((3, 4, 5)), g2)
+    g3 = Grid((3, 4, 5), (3.0, 1.0, 1.0), dtype="float64")
+    f3 = jnp.arange(60.0).reshape(3, 4, 5) ** 2
+    assert float(jnp.abs(interp_z_c2f(f3)[1:] - 0.5 * (f3[1:] + f3[:-1])).max()) == 0.0
+    assert float(jnp.abs(diff_z_c2f(f3, g3)[1:] - (f3[1:] - f3[:-1])).max()) == 0.0

@@ -21,6 +21,11 @@ from ._grid import Grid
 def _shift(f: jax.Array, k: int, axis: int) -> jax.Array:
     """``out[i] = f[i - k]`` with zeros shifted in: a slice and a zero pad, both of which XLA
     fuses into the consuming loop (``jnp.roll`` becomes a concatenate that it does not)."""
+    if -axis > f.ndim:  # -3 would wrap to x on a 2-D field
+        raise ValueError(
+            f"a stencil along {'zyx'[axis + 3]} needs a field of ≥ {-axis} dimensions "
+            f"(z, y, x), got shape {f.shape}"
+        )
     axis = axis % f.ndim
     n = f.shape[axis]
     config = [(0, 0, 0)] * f.ndim
@@ -41,12 +46,18 @@ def _fwd(f: jax.Array, axis: int) -> jax.Array:
     return _shift(f, -1, axis)
 
 
+def _spacing(grid: Grid, axis: int):
+    if -axis > grid.ndim:
+        raise ValueError(f"a difference along z needs a 3-D grid, got a {grid.ndim}-D one")
+    return grid.spacing[axis]
+
+
 def _diff_c2f(f, grid: Grid, axis: int):
-    return (f - _back(f, axis)) / grid.spacing[axis]
+    return (f - _back(f, axis)) / _spacing(grid, axis)
 
 
 def _diff_f2c(f, grid: Grid, axis: int):
-    return (_fwd(f, axis) - f) / grid.spacing[axis]
+    return (_fwd(f, axis) - f) / _spacing(grid, axis)
 
 
 def _interp_c2f(f, axis: int):

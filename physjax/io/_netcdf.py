@@ -223,6 +223,10 @@ class NetCDFWriter:
     ):
         self.path = os.fspath(path)
         self.grid = grid
+        names = [v.name for v in variables]
+        doubled = sorted({n for n in names if names.count(n) > 1})
+        if doubled:
+            raise ValueError(f"variables: the name(s) {doubled} are given more than once")
         for v in variables:  # before anything is created or opened
             check_location(v.location, grid.ndim, "Variable.location")
         self.variables = {v.name: v for v in variables}
@@ -333,26 +337,66 @@ class NetCDFWriter:
 
         The frame counts (``n_frames`` is raised) only after all its variables are written;
         an incomplete frame left by an earlier, interrupted append is overwritten."""
+        if not any(v.time_dependent for v in self.variables.values()):
+            raise ValueError(
+                f"{self.path!r} has no time axis (no time-dependent variable): write its "
+                "fields with write_static"
+            )
         missing = [n for n, v in self.variables.items() if v.time_dependent and n not in fields]
         if missing:
             raise ValueError(f"frame lacks variables {missing}")
+        arrays = self._checked_fields(fields, time_dependent=True)  # before anything is written
+        try:
+            whole = np.ndim(step) == 0 and float(step) == int(step) >= 0
+            finite = np.ndim(time) == 0 and bool(np.isfinite(float(time)))
+        except (TypeError, ValueError, OverflowError):
+            whole = finite = False
+        if isinstance(step, bool) or not whole:
+            raise ValueError(f"step must be a whole number ≥ 0, got {step!r}")
+        if isinstance(time, bool) or not finite:
+            raise ValueError(f"time must be a finite number of seconds, got {time!r}")
         _require_space(self.path, self._frame_bytes(), "a frame")
-        for name, value in fields.items():  # before anything is written
-            if name in self.variables and np.shape(value) != self.grid.shape:
-                raise ValueError(
-                    f"field {name!r} has shape {np.shape(value)}, not the grid's "
-                    f"{self.grid.shape} (every location is stored on the grid's shape)"
-                )
         with self._open() as f:
             n = _complete_frames(f)
             f.resize_dimension("time", n + 1)
             f["time"][n] = float(time)
             f["step"][n] = int(step)
-            for name, value in fields.items():
-                if name in self.variables and self.variables[name].time_dependent:
-                    f[name][n] = np.asarray(value)
+            for name, value in arrays.items():
+                f[name][n] = value
             f.attrs["n_frames"] = n + 1
         return n + 1
+
+    def _checked_fields(self, fields: Mapping[str, Any], time_dependent: bool) -> dict:
+        """The fields as real arrays of the grid's shape, checked before a byte is written:
+        every name one of the writer's variables with the right time dependence, every
+        value real and numeric (a complex or text value failed half-way through a frame)."""
+        arrays = {}
+        for name, value in fields.items():
+            var = self.variables.get(name)
+            if var is None:
+                known = list(self.variables)
+                raise ValueError(f"field {name!r} is not one of the variables {known}")
+            if var.time_dependent != time_dependent:
+                where = "append (a frame)" if var.time_dependent else "write_static"
+                raise ValueError(
+                    f"field {name!r} is {'' if var.time_dependent else 'not '}time-dependent: "
+                    f"write it with {where}"
+                )
+            try:
+                array = np.asarray(value)
+            except Exception as e:
+                raise ValueError(f"field {name!r} is not an array: {e}") from None
+            if array.dtype.kind not in "biuf":  # bool, integers, floats
+                raise ValueError(
+                    f"field {name!r} must be real and numeric, got dtype {array.dtype}"
+                )
+            if array.shape != self.grid.shape:
+                raise ValueError(
+                    f"field {name!r} has shape {array.shape}, not the grid's "
+                    f"{self.grid.shape} (every location is stored on the grid's shape)"
+                )
+            arrays[name] = array
+        return arrays
 
     def _frame_bytes(self, time_dependent: bool = True) -> int:
         cell = np.dtype(self.grid.dtype).itemsize * int(np.prod(self.grid.shape))
@@ -361,9 +405,10 @@ class NetCDFWriter:
 
     def write_static(self, fields: Mapping[str, Any]) -> None:
         """Write the variables that have no time dimension."""
+        arrays = self._checked_fields(fields, time_dependent=False)
         with self._open() as f:
-            for name, value in fields.items():
-                f[name][...] = np.asarray(value)
+            for name, value in arrays.items():
+                f[name][...] = value
 
     def finish(self, status: str = STATUS_COMPLETE, **attrs: Any) -> None:
         """Mark the file ``complete`` (or another status, e.g. ``"failed: …"``); a trailing
@@ -419,6 +464,14 @@ def _check_appendable(f: h5netcdf.File, path: str, grid: Grid, variables) -> Non
     missing = [v.name for v in variables if v.name not in f.variables]
     if missing:
         raise ValueError(f"cannot resume: {path!r} has no variable(s) {missing}")
+    for v in variables:
+        want = (("time",) if v.time_dependent else ()) + _dims(grid, v.location)
+        have = tuple(f.variables[v.name].dimensions)
+        if have != want:
+            raise ValueError(
+                f"cannot resume: {v.name!r} in {path!r} lies on {have}, not on {want} (its "
+                "location or time dependence differs)"
+            )
 
 
 def _complete_frames(f: h5netcdf.File) -> int:
