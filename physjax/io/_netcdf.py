@@ -336,7 +336,10 @@ class NetCDFWriter:
         """Append one frame (every time-dependent variable) and return the frame count.
 
         The frame counts (``n_frames`` is raised) only after all its variables are written;
-        an incomplete frame left by an earlier, interrupted append is overwritten."""
+        an incomplete frame left by an earlier, interrupted append is overwritten. Every
+        field is checked first (a time-dependent variable of the writer's, real and numeric,
+        of the grid's shape), as are ``time`` (finite) and ``step`` (a whole number ≥ 0):
+        a ``ValueError`` names the first that fails, and nothing is written."""
         if not any(v.time_dependent for v in self.variables.values()):
             raise ValueError(
                 f"{self.path!r} has no time axis (no time-dependent variable): write its "
