@@ -1111,3 +1111,28 @@ def test_writer_checks_every_field_before_writing_a_byte(tmp_path):
     static = NetCDFWriter(tmp_path / "st.nc", grid, [s])
     with pytest.raises(ValueError, match="has no time axis"):
         static.append(0.0, 0, {})
+
+
+def test_a_value_beyond_float32_is_refused_not_stored_as_inf(tmp_path):
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable
+
+    grid = Grid((4, 6), (4e3, 6e3), dtype="float32")
+    path = tmp_path / "w.nc"
+    w = NetCDFWriter(path, grid, [Variable("a", CENTRE, "m", "A")])
+    big = np.ones(grid.shape)  # float64
+    big[2, 3] = -1e300
+    with pytest.raises(
+        ValueError,
+        match=re.escape(
+            "field 'a' holds -1e+300 at index (2, 3), beyond the range of the file's float32"
+        ),
+    ):
+        w.append(0.0, 0, {"a": big})
+    big[2, 3] = 3e38  # within float32's range: stored
+    big[0, 0] = np.inf  # a value already infinite is kept as it is
+    w.append(0.0, 0, {"a": big})
+    with xr.load_dataset(path) as ds:
+        assert ds.sizes["time"] == 1 and ds["a"].dtype == np.float32
+        assert float(ds["a"][0, 2, 3]) == pytest.approx(3e38, rel=1e-6)
+        assert np.isinf(ds["a"][0, 0, 0]) and np.isfinite(ds["a"][0, 1:]).all()

@@ -1,5 +1,7 @@
 """Grids, halo filling, stencils and the parallel layer."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -64,6 +66,9 @@ def test_sub_grid_keeps_the_parents_spacing():
         ({"shape": (4, 3), "extent": (1, 1), "halo": 5}, "halo=5 is wider than the grid along"),
         ({"shape": 4, "extent": (1, 1)}, "shape must be a sequence"),
         ({"shape": (4, 4), "extent": 1.0}, "extent must be a sequence"),
+        # True is an int in Python: it was taken as a length of 1 and an origin of 1
+        ({"shape": (4, 4), "extent": (True, 1)}, "Ly must be a finite number > 0, got True"),
+        ({"shape": (4, 4), "extent": (1, 1), "origin": (0, False)}, "origin must be 2 finite"),
     ],
 )
 def test_grid_rejects_bad_input(kwargs, match):
@@ -107,6 +112,40 @@ def test_fill_halo_periodic_and_walls():
     np.testing.assert_array_equal(u[1:-1, -1], 0.0)
     with pytest.raises(ValueError, match="does not match the grid"):
         fill_halo(jnp.zeros((3, 5)), w)
+
+
+def test_halo_helpers_refuse_what_they_used_to_misread():
+    """A list gave an AttributeError, parity=(True, 1) was read as (+1, +1), and interior
+    with a negative width returned an empty array."""
+    g = Grid((3, 4), (1, 1), periodic=False, dtype="float64")
+    f = jnp.arange(12.0).reshape(3, 4)
+    with pytest.raises(TypeError, match="field must be a jax or NumPy array, got list"):
+        fill_halo(f.tolist(), g)
+    np.testing.assert_array_equal(fill_halo(np.asarray(f), g), fill_halo(f, g))  # NumPy is fine
+    with pytest.raises(
+        ValueError,
+        match=re.escape("parity must give +1 or -1 for each of the 2 axes, got (True, 1)"),
+    ):
+        fill_halo(f, g, parity=(True, 1))
+    p = fill_halo(f, g, width=1)
+    np.testing.assert_array_equal(interior(p, g), f)
+    np.testing.assert_array_equal(interior(f, g, 0), f)
+    for width, match in [(-1, "width must be a whole number >= 0, got -1"), (1.0, "got 1.0")]:
+        with pytest.raises(ValueError, match=match):
+            interior(p, g, width)
+    with pytest.raises(ValueError, match="padded has 5 points along y: nothing is left inside"):
+        interior(p, g, 3)
+    with pytest.raises(ValueError, match="at least the grid's 2 dimensions"):
+        interior(p[0], g)
+
+
+def test_zeros_of_a_float64_grid_needs_x64():
+    # without x64 they were float32 zeros with no more than a warning
+    g = Grid((3, 4), (1, 1), dtype="float64")
+    assert g.zeros().dtype == jnp.float64
+    with pytest.raises(ValueError, match="grid.dtype is float64 but jax_enable_x64 is off"):
+        with jax.enable_x64(False):
+            g.zeros()
 
 
 @pytest.mark.parametrize("periodic", [True, False])

@@ -133,8 +133,10 @@ class Grid(eqx.Module):
         if len(extent) != ndim:
             raise ValueError(f"extent must have {ndim} entries like shape {shape}, got {extent}")
         for name, length in zip(names, extent):
-            if not (isinstance(length, (int, float, np.floating, np.integer))) or not (
-                math.isfinite(length) and length > 0
+            if (
+                isinstance(length, (bool, np.bool_))  # True is an int: not a length
+                or not isinstance(length, (int, float, np.floating, np.integer))
+                or not (math.isfinite(length) and length > 0)
             ):
                 raise ValueError(
                     f"domain length L{name} must be a finite number > 0, got {length!r}"
@@ -156,7 +158,9 @@ class Grid(eqx.Module):
             for o in origin
         )
         if len(origin) != ndim or not all(
-            isinstance(o, (int, float, np.integer, np.floating)) and math.isfinite(o)
+            isinstance(o, (int, float, np.integer, np.floating))
+            and not isinstance(o, (bool, np.bool_))
+            and math.isfinite(o)
             for o in origin
         ):
             raise ValueError(f"origin must be {ndim} finite numbers, got {origin!r}")
@@ -264,7 +268,10 @@ class Grid(eqx.Module):
 
     def zeros(self, dtype=None) -> jax.Array:
         """Zeros of the (local) block shape: the whole grid, or inside ``shard_map`` one
-        device's block."""
+        device's block. A float64 grid needs ``jax_enable_x64`` (without it jax would hand
+        back float32 zeros)."""
+        if dtype is None:
+            require_enabled_dtype(self)
         return jnp.zeros(self.local_shape, dtype or self.dtype)
 
     # ---------------------------------------------------------- decomposition

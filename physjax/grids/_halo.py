@@ -97,6 +97,11 @@ def fill_halo(
     **Returns:** the field padded by ``width`` on every side of every axis, corners included.
     """
     nd = grid.ndim
+    if not isinstance(field, (jax.Array, np.ndarray)):
+        raise TypeError(
+            f"field must be a jax or NumPy array, got {type(field).__name__}; wrap it in "
+            "jnp.asarray(...)"
+        )
     if field.ndim != nd:
         raise ValueError(f"field must have {nd} dimensions like the grid, got shape {field.shape}")
     if tuple(field.shape) != grid.local_shape:
@@ -110,7 +115,10 @@ def fill_halo(
     if not hasattr(parity, "__iter__") or isinstance(parity, str):
         raise ValueError(f"parity must give +1 or -1 for each of the {nd} axes, got {given!r}")
     parity = tuple(parity)
-    if len(parity) != nd or not all(p in (1, -1) for p in parity):
+    # True == 1: a bool is not a parity
+    if len(parity) != nd or not all(
+        p in (1, -1) and not isinstance(p, (bool, np.bool_)) for p in parity
+    ):
         raise ValueError(f"parity must give +1 or -1 for each of the {nd} axes, got {given!r}")
     width = grid.halo if width is None else width
     if isinstance(width, np.integer):
@@ -137,6 +145,20 @@ def interior(padded: jax.Array, grid: Grid, width: int | None = None) -> jax.Arr
     """Strip a halo of ``width`` (default ``grid.halo``) from every grid axis (the trailing
     ``grid.ndim`` axes; leading batch axes are kept)."""
     w = grid.halo if width is None else width
+    if isinstance(w, np.integer):
+        w = int(w)
+    if isinstance(w, bool) or not isinstance(w, int) or w < 0:
+        raise ValueError(f"width must be a whole number >= 0, got {width!r}")
+    if padded.ndim < grid.ndim:
+        raise ValueError(
+            f"padded must have at least the grid's {grid.ndim} dimensions, got shape {padded.shape}"
+        )
     if w == 0:
         return padded
+    for axis, n in zip(grid.axis_names, padded.shape[-grid.ndim :]):
+        if n <= 2 * w:
+            raise ValueError(
+                f"padded has {n} points along {axis}: nothing is left inside a halo of "
+                f"width {w} on each side"
+            )
     return padded[(Ellipsis,) + (slice(w, -w),) * grid.ndim]

@@ -398,6 +398,20 @@ class NetCDFWriter:
                     f"field {name!r} has shape {array.shape}, not the grid's "
                     f"{self.grid.shape} (every location is stored on the grid's shape)"
                 )
+            stored = np.dtype(self.grid.dtype)
+            if array.dtype.kind == "f" and array.dtype.itemsize > stored.itemsize:
+                # a finite value beyond float32's range would be stored as ±inf
+                with np.errstate(over="ignore"):
+                    cast = array.astype(stored)
+                lost = np.isinf(cast) & np.isfinite(array)
+                if lost.any():
+                    where = tuple(int(i) for i in np.argwhere(lost)[0])
+                    raise ValueError(
+                        f"field {name!r} holds {array[where]!r} at index {where}, beyond the "
+                        f"range of the file's {stored.name} (±{float(np.finfo(stored).max):.3g})"
+                        ": it would be stored as inf"
+                    )
+                array = cast
             arrays[name] = array
         return arrays
 
