@@ -12,6 +12,7 @@ import argparse
 import contextlib
 import math
 import os
+import re
 import sys
 import time
 from typing import Any
@@ -616,6 +617,8 @@ def _run(args, held: contextlib.ExitStack) -> int:
         if str(e).startswith("multigrid cannot coarsen"):
             sizes = " ".join(f"--n{n} {k}" for n, k in zip(names, shape))
             text = str(e).replace("method='spectral'", "--method spectral")
+            # max_coarse is a Python argument only: the command line keeps its default
+            text = re.sub(r"max_coarse=(\d+)", r"\1", text)
             raise ValueError(f"--method {method} with {sizes}: {text}") from None
         raise
     f_mean = float(np.mean(f))

@@ -411,6 +411,10 @@ def rhs_file(tmp_path):
             ["--method", "multigrid", "--n", "97"],
             "--method multigrid with --ny 97 --nx 97: multigrid",
         ),
+        (  # max_coarse is not an option of the command: its message names the number only
+            ["--method", "multigrid", "--n", "97"],
+            "does not reach a level of ≤ 1024 cells; use sizes c·2^k",
+        ),
         (["--method", "spectral", "--case", "variable-coefficient"], "needs a constant coef"),
         (["--rtol", "2"], "--rtol must be a number in (0, 1)"),
         (["--shift", "0"], "--shift must be a finite number > 0, got 0.0"),
