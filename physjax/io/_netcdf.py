@@ -407,7 +407,7 @@ class NetCDFWriter:
                 if lost.any():
                     where = tuple(int(i) for i in np.argwhere(lost)[0])
                     raise ValueError(
-                        f"field {name!r} holds {array[where]!r} at index {where}, beyond the "
+                        f"field {name!r} holds {float(array[where]):g} at index {where}, beyond the "
                         f"range of the file's {stored.name} (±{float(np.finfo(stored).max):.3g})"
                         ": it would be stored as inf"
                     )
