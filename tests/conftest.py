@@ -6,9 +6,10 @@ import os
 # the compiling is LLVM optimising the kernels. Level 0 skips that: the HLO, its fusions and
 # the operations are the same, and results differ from the default level by round-off only
 # (measured: 200 steps of barotropic-instability, 64², 3e-15 relative in h in float64; the
-# Poisson solvers 4e-16). The default suite took 727 s at level 0 against 875 s at the
-# default level on this project's 2-core VM. The docs' examples, which run longer, keep the
-# default level (tests/test_docs.py); PHYSJAX_TEST_OPTIMIZE=1 runs everything at it.
+# Poisson solvers 4e-16). The default suite took 593 s at level 0 against 875 s at the
+# default level, in the same hour on this project's 2-core VM. The docs' examples, which
+# run longer, keep the default level (tests/test_docs.py); PHYSJAX_TEST_OPTIMIZE=1 runs
+# everything at it.
 FAST_COMPILE = "--xla_backend_optimization_level=0"
 _flags = os.environ.get("XLA_FLAGS", "")
 if os.environ.get("PHYSJAX_TEST_OPTIMIZE", "") not in ("", "0") or (
