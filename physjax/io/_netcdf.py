@@ -338,7 +338,8 @@ class NetCDFWriter:
         The frame counts (``n_frames`` is raised) only after all its variables are written;
         an incomplete frame left by an earlier, interrupted append is overwritten. Every
         field is checked first (a time-dependent variable of the writer's, real and numeric,
-        of the grid's shape), as are ``time`` (finite) and ``step`` (a whole number ≥ 0):
+        of the grid's shape, with no finite value beyond the range of the file's dtype, which
+        would be stored as inf), as are ``time`` (finite) and ``step`` (a whole number ≥ 0):
         a ``ValueError`` names the first that fails, and nothing is written."""
         if not any(v.time_dependent for v in self.variables.values()):
             raise ValueError(
@@ -407,9 +408,9 @@ class NetCDFWriter:
                 if lost.any():
                     where = tuple(int(i) for i in np.argwhere(lost)[0])
                     raise ValueError(
-                        f"field {name!r} holds {float(array[where]):g} at index {where}, beyond the "
-                        f"range of the file's {stored.name} (±{float(np.finfo(stored).max):.3g})"
-                        ": it would be stored as inf"
+                        f"field {name!r} holds {float(array[where]):g} at index {where}, "
+                        f"beyond the range of the file's {stored.name} "
+                        f"(±{float(np.finfo(stored).max):.3g}): it would be stored as inf"
                     )
                 array = cast
             arrays[name] = array
