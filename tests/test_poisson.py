@@ -1,6 +1,7 @@
 """Tests of physjax.solvers.poisson: exactness, convergence orders, multigrid, devices, AD."""
 
 import re
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -508,6 +509,10 @@ def test_bad_input_errors():
         PoissonSolver(_grid((8, 33, 32), False, (100.0, 5e5, 5e5)), "neumann", "cg")
     with pytest.raises(ValueError, match="coefficient must be finite and > 0"):
         PoissonSolver(walls, "dirichlet", "cg", coefficient=-np.ones((16, 16)))
+    with warnings.catch_warnings():  # an all-NaN coefficient: no "All-NaN slice" warning
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=r"got min nan \(non-finite: 256\)"):
+            PoissonSolver(walls, "dirichlet", "cg", coefficient=np.full((16, 16), np.nan))
     for rtol, atol in ((-1e-8, 0.0), (1.0, 0.0), (0.0, 0.0), (1e-8, -1.0)):
         with pytest.raises(ValueError, match="need 0 ≤ rtol < 1 and atol ≥ 0"):
             PoissonSolver(walls, "dirichlet", "cg", rtol=rtol, atol=atol)

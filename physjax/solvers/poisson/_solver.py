@@ -262,7 +262,8 @@ class PoissonSolver(eqx.Module):
                 if not np.all(np.isfinite(a)) or not np.all(a > 0):
                     raise ValueError(
                         f"coefficient must be finite and > 0 everywhere, got min "
-                        f"{np.nanmin(a):.3g} (non-finite: {int(np.sum(~np.isfinite(a)))})"
+                        f"{np.nanmin(a) if np.any(~np.isnan(a)) else np.nan:.3g} "
+                        f"(non-finite: {int(np.sum(~np.isfinite(a)))})"
                     )
                 # split like the grid once, here: a coefficient committed to one device
                 # (jax.device_put) would be refused by the compiled call's device check
