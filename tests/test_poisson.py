@@ -1237,3 +1237,27 @@ def test_implicit_diffusion_stepper_differentiates_through_warm_started_solves()
     assert abs(grad / fd - 1) <= 1e-7, (grad, fd)
     on_mesh = float(jax.grad(lambda n: final(n, make_mesh((2, 2), 2)))(nu))
     assert abs(on_mesh / grad - 1) <= 1e-12, (on_mesh, grad)
+
+
+def test_a_constant_coefficient_may_be_one_number():
+    """A scalar coefficient (it was refused: "must have the grid's shape, got ()") is the
+    same at every cell: ∇·(a∇u) = a∇²u, so u is the Poisson solution over a; also traced,
+    and differentiable with respect to it."""
+    grid = _grid((32, 32), False)
+    f = jnp.asarray(np.random.default_rng(11).normal(size=grid.shape))
+    u0 = solve(f, grid, "dirichlet", "spectral")
+    for method in ("cg", "multigrid"):
+        u = PoissonSolver(grid, "dirichlet", method, coefficient=2.5)(f)
+        assert _rel(u, u0 / 2.5) <= 1e-8, method
+
+    def loss(a):
+        return jnp.sum(PoissonSolver(grid, "dirichlet", "cg", coefficient=a)(f) ** 2)
+
+    # d/da Σ (u0/a)² = -2 Σ u0² / a³
+    assert float(jax.jit(jax.grad(loss))(2.5)) == pytest.approx(
+        -2 * float(jnp.sum(u0**2)) / 2.5**3, rel=1e-7
+    )
+    with pytest.raises(ValueError, match="coefficient must be finite and > 0"):
+        PoissonSolver(grid, "dirichlet", "cg", coefficient=-1.0)
+    with pytest.raises(ValueError, match="coefficient must have the grid's shape"):
+        PoissonSolver(grid, "dirichlet", "cg", coefficient=np.ones(32))

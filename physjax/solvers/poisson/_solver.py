@@ -83,7 +83,8 @@ class PoissonSolver(eqx.Module):
     - `method`: ``"spectral"`` (exact, constant coefficient only), ``"multigrid"``
       (stand-alone cycles), ``"cg"`` (conjugate gradients preconditioned by one multigrid
       cycle) or ``"auto"`` (default: spectral, or cg when a coefficient is given).
-    - `coefficient`: cell-centred ``a > 0`` of the grid's shape (multigrid and cg only).
+    - `coefficient`: cell-centred ``a > 0`` of the grid's shape, or one number (possibly
+      traced) for every cell (multigrid and cg only).
     - `shift`: ``c > 0`` of the Helmholtz (screened Poisson) term: solve
       ∇·(a∇u) - c u = f, as implicit free-surface and implicit (IMEX) diffusion steps need
       (e.g. ``c = 1/(ν Δt)``). A scalar (a Python number or a 0-d array, possibly traced)
@@ -253,6 +254,8 @@ class PoissonSolver(eqx.Module):
             if jnp.iscomplexobj(coefficient):
                 raise ValueError("coefficient must be real (and > 0), got a complex array")
             coefficient = jnp.asarray(coefficient, grid.dtype)
+            if coefficient.ndim == 0:  # a constant: the same at every cell
+                coefficient = jnp.broadcast_to(coefficient, grid.shape)
             if coefficient.shape != grid.shape:
                 raise ValueError(
                     f"coefficient must have the grid's shape {grid.shape}, got {coefficient.shape}"
