@@ -295,6 +295,14 @@ def _write_plot(path: str, plot: str, option: str = "--plot", **kwargs) -> None:
         raise ValueError(f"{option} {plot!r} could not be written: {e}") from None
 
 
+def _record_of(writer, step0: int) -> tuple[int, int]:
+    """The whole frames of a stopped run's file and the step of its last (``step0`` when it
+    has none), read through the run's own writer, whose file-locking flags an open handle
+    of this process must share."""
+    frames, last = writer.frames()
+    return frames, step0 if last is None else last
+
+
 class _StopRequest:
     """While active (in the main thread), a first Ctrl-C (SIGINT) only asks the run to stop
     at the next frame boundary, so that it never lands inside a write; a second one raises
@@ -916,11 +924,10 @@ def _run_shallow_water(
         except OutputSpaceError as e:
             stop.shield()
             bar.close()
-            step = int(read_frame(output)["step"])
+            frames, step = _record_of(writer, step0)
             with contextlib.suppress(OSError):  # a few bytes of attributes, if they fit
                 at = f"at step {step}, t = {step * dt:.6g} s"
                 writer.finish(f"{STATUS_INTERRUPTED}: {at}: the disk was full")
-            frames = read_attrs(output)["n_frames"]
             command = f"physjax shallow-water --output {shlex.quote(output)} --resume"
             raise OutputSpaceError(
                 f"{e}. The run stopped at step {step} of {n_steps}; {output} keeps {frames} "
@@ -931,9 +938,8 @@ def _run_shallow_water(
             stop.shield()
             bar.close()
             # The file is the record: its last whole frame (a frame cut short is dropped).
-            step = int(read_frame(output)["step"])
+            frames, step = _record_of(writer, step0)
             writer.finish(f"{STATUS_INTERRUPTED}: at step {step}, t = {step * dt:.6g} s")
-            frames = read_attrs(output)["n_frames"]
             command = f"physjax shallow-water --output {shlex.quote(output)} --resume"
             raise RunInterrupted(
                 step,
@@ -946,12 +952,11 @@ def _run_shallow_water(
             stop.shield()
             bar.close()
             with contextlib.suppress(Exception):
-                step = int(read_frame(output)["step"])
+                frames, step = _record_of(writer, step0)
                 writer.finish(
                     f"{STATUS_INTERRUPTED}: at step {step}, t = {step * dt:.6g} s: "
                     f"{type(e).__name__}: {e}"[:500]
                 )
-                frames = read_attrs(output)["n_frames"]
                 command = f"physjax shallow-water --output {shlex.quote(output)} --resume"
                 e.add_note(
                     f"physjax: {output} keeps {frames} whole frame{'s' if frames != 1 else ''} "

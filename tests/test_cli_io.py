@@ -660,6 +660,32 @@ def test_a_reader_holding_the_file_open_does_not_stop_the_run(tmp_path):
         assert ds.sizes["time"] == ds.attrs["n_frames"] > 2
 
 
+@pytest.mark.parametrize("stale_locking", [False, True])
+def test_writer_takes_the_flags_of_a_handle_left_open_in_the_process(tmp_path, stale_locking):
+    """A handle this process still holds on the file with other locking flags (one an
+    interrupt left behind) makes HDF5 refuse an open with different flags; the writer then
+    opens with the flags the handle has, and appends and finishes as usual."""
+    from physjax.grids import Grid
+    from physjax.io import Variable, read_attrs
+
+    g = Grid((4, 6), (1.0, 1.0), dtype="float64")
+    w = NetCDFWriter(tmp_path / "w.h5", g, [Variable("h", ("centre", "centre"), "m", "h")])
+    w.append(0.0, 0, {"h": np.zeros(g.shape)})
+    w._locking = not stale_locking
+    stale = h5py.File(w.path, "a", locking=None if stale_locking else False)
+    try:
+        with pytest.raises(OSError, match="locking flag values don't match"):
+            h5py.File(w.path, "a", locking=None if w._locking else False).close()
+        w.append(60.0, 1, {"h": np.ones(g.shape)})
+        assert w.frames() == (2, 1)
+        w.finish()
+        assert w._locking is stale_locking
+    finally:
+        stale.close()
+    attrs = read_attrs(w.path)
+    assert attrs["status"] == "complete" and attrs["n_frames"] == 2
+
+
 def test_reopen_refuses_a_foreign_file_or_another_grid_untouched(tmp_path):
     """Appending checks the file first: a file physjax did not write, or one of another grid,
     is refused and left byte for byte as it was (it used to be marked "running")."""
@@ -804,6 +830,46 @@ def test_sigterm_stops_at_once_and_resume_continues(tmp_path, capsys, monkeypatc
         assert f.attrs["status"] == "interrupted: at step 4, t = 2400 s"
         assert list(f["step"][:]) == [0, 2, 4]
     monkeypatch.undo()
+    _assert_resume_completes_like(out, uninterrupted)
+
+
+def test_sigterm_inside_a_close_while_a_reader_held_the_lock(
+    tmp_path, capsys, monkeypatch, uninterrupted
+):
+    """A reader that held the file made the writer drop HDF5's file lock; a SIGTERM that
+    then lands inside h5netcdf's close must not leave the file open in the process (its
+    record would meet "file locking flag values don't match" and the run end as status 2
+    with the file still marked running)."""
+    import h5netcdf
+
+    init = NetCDFWriter.__init__
+
+    def init_unlocked(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._locking = False  # as after a reader's lock blocked an append
+
+    flush = h5netcdf.File.flush
+    fired = []
+
+    def flush_then_sigterm(self):
+        flush(self)
+        if not fired and self.mode != "r" and self.attrs.get("n_frames", 0) == 3:
+            fired.append(True)
+            signal.raise_signal(signal.SIGTERM)
+
+    monkeypatch.setattr(NetCDFWriter, "__init__", init_unlocked)
+    monkeypatch.setattr(h5netcdf.File, "flush", flush_then_sigterm)
+    out = tmp_path / "r.h5"
+    code = _main_catching_interrupt(["shallow-water", *INTERRUPT_ARGS, "--output", str(out)])
+    err = capsys.readouterr().err
+    assert fired and code == 130 and "Traceback" not in err, err
+    assert "keeps 3 whole frames" in err and "--resume" in err
+    monkeypatch.undo()
+    open_files = h5py.h5f.get_obj_ids(types=h5py.h5f.OBJ_FILE)
+    assert not [i for i in open_files if i.name == str(out).encode()]
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "interrupted: at step 4, t = 2400 s"
+        assert list(f["step"][:]) == [0, 2, 4]
     _assert_resume_completes_like(out, uninterrupted)
 
 

@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import h5netcdf
+import h5py
 import numpy as np
 
 from .. import __version__
@@ -235,16 +236,42 @@ class NetCDFWriter:
             check_writable(self.path)
             self._create(dict(attrs or {}))
 
-    def _open(self) -> h5netcdf.File:
-        """The file opened for appending. A reader holding it open blocks HDF5's file lock
-        (``BlockingIOError``); the run must not die of that, so the writer then goes on
-        without the lock."""
-        if self._locking:
+    @contextlib.contextmanager
+    def _open(self):
+        """The file opened for appending, as a context.
+
+        A reader holding it open blocks HDF5's file lock (``BlockingIOError``); the run must
+        not die of that, so the writer then goes on without the lock. The HDF5 handle is
+        opened and closed here rather than by h5netcdf: an interrupt (Ctrl-C, SIGTERM) that
+        lands inside h5netcdf's close would otherwise leave the file open in this process,
+        and the next open of it with other locking flags (the record of the interrupted run)
+        would fail."""
+        h5 = self._open_h5()
+        try:
+            f = h5netcdf.File(h5, "a")
             try:
-                return h5netcdf.File(self.path, "a")
+                yield f
+            finally:
+                f.close()
+        finally:
+            h5.close()
+
+    def _open_h5(self) -> h5py.File:
+        tried = set()
+        while True:
+            tried.add(self._locking)
+            try:  # None: HDF5's default locking (HDF5_USE_FILE_LOCKING is honoured)
+                return h5py.File(self.path, "a", locking=None if self._locking else False)
             except BlockingIOError:
+                if False in tried:
+                    raise
                 self._locking = False
-        return h5netcdf.File(self.path, "a", locking=False)
+            except OSError as e:
+                # The file is still open in this process with the other locking flags (a
+                # handle an interrupt left behind): HDF5 then insists on the same flags.
+                if "locking flag values don't match" not in str(e) or (not self._locking) in tried:
+                    raise
+                self._locking = not self._locking
 
     # ------------------------------------------------------------------ create
     def _create(self, attrs: dict[str, Any]) -> None:
@@ -436,6 +463,14 @@ class NetCDFWriter:
             f.attrs["status"] = status
             for key, value in attrs.items():
                 f.attrs[key] = _attr_value(value)
+
+    def frames(self) -> tuple[int, int | None]:
+        """The number of whole frames in the file and the step of the last (``None`` when
+        there is none), read through the writer's own handle: what an interrupted run
+        reports without meeting its own file's lock."""
+        with self._open() as f:
+            n = _complete_frames(f)
+            return n, (int(f["step"][n - 1]) if n else None)
 
     # ------------------------------------------------------------------ resume
     @classmethod
