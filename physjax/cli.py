@@ -328,7 +328,8 @@ class _StopRequest:
 
     def _terminate(self, signum, frame):
         # Also asked as a stop at the next frame: an exception raised while Python runs a
-        # garbage-collector callback (jax has one) is printed and dropped, not propagated.
+        # garbage-collector or weakref callback (jax has some) is dropped, not propagated;
+        # `_unraisable` keeps that from printing a traceback.
         self.requested = True
         print("\nterminated (SIGTERM): stopping now", file=sys.stderr, flush=True)
         raise KeyboardInterrupt
@@ -343,10 +344,19 @@ class _StopRequest:
             flush=True,
         )
 
+    def _unraisable(self, args):
+        # The KeyboardInterrupt of a stop that Python could not raise (it landed in a
+        # callback) is no error: the run stops at the next frame. Anything else is reported.
+        if self.requested and args.exc_type is KeyboardInterrupt:
+            return
+        self._previous_hook(args)
+
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._handle)
             self._previous_term = signal.signal(signal.SIGTERM, self._terminate)
+            self._previous_hook = sys.unraisablehook
+            sys.unraisablehook = self._unraisable
             self._installed = True
         return self
 
@@ -358,6 +368,7 @@ class _StopRequest:
             )
             term = self._previous_term
             signal.signal(signal.SIGTERM, signal.SIG_DFL if term is None else term)
+            sys.unraisablehook = self._previous_hook
         return False
 
 

@@ -9,6 +9,7 @@ import sys
 import time
 
 import h5py
+import jax
 import numpy as np
 import pytest
 import xarray as xr
@@ -279,6 +280,9 @@ def test_blow_up_stops_with_step_and_keeps_frames(tmp_path, capsys):
     ],
 )
 def test_bad_input_clear_error_and_no_file(tmp_path, capsys, extra, match):
+    # The backend starts here, if no earlier test in this process started it: a CLI run
+    # that starts it would simulate the 64 devices asked for (as it does for a user).
+    assert len(jax.devices()) == 4
     code, out = _run(tmp_path, *extra)
     err = capsys.readouterr().err
     assert code == 2
@@ -686,6 +690,38 @@ def test_writer_takes_the_flags_of_a_handle_left_open_in_the_process(tmp_path, s
     assert attrs["status"] == "complete" and attrs["n_frames"] == 2
 
 
+def test_an_interrupt_while_the_writer_opens_the_file_leaves_nothing_behind(tmp_path, monkeypatch):
+    """A Ctrl-C or SIGTERM that lands while h5netcdf is still reading the file's structure
+    leaves neither an HDF5 handle open nor an "Exception ignored" traceback when the
+    half-made object is collected; the next append goes on as usual."""
+    import gc
+
+    import h5netcdf
+
+    from physjax.grids import Grid
+    from physjax.io import Variable, read_frame
+
+    g = Grid((4, 6), (1.0, 1.0), dtype="float64")
+    w = NetCDFWriter(tmp_path / "i.h5", g, [Variable("h", ("centre", "centre"), "m", "h")])
+    w.append(0.0, 0, {"h": np.zeros(g.shape)})
+    ignored = []
+    monkeypatch.setattr(sys, "unraisablehook", ignored.append)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:  # before h5netcdf has marked the object open or closed
+        m.setattr(h5netcdf.core, "_open_h5py", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            w.append(60.0, 1, {"h": np.ones(g.shape)})
+    gc.collect()
+    assert not ignored
+    open_files = h5py.h5f.get_obj_ids(types=h5py.h5f.OBJ_FILE)
+    assert not [i for i in open_files if i.name == w.path.encode()]
+    w.append(60.0, 1, {"h": np.ones(g.shape)})
+    assert w.frames() == (2, 1) and read_frame(w.path)["h"].max() == 1.0
+
+
 def test_reopen_refuses_a_foreign_file_or_another_grid_untouched(tmp_path):
     """Appending checks the file first: a file physjax did not write, or one of another grid,
     is refused and left byte for byte as it was (it used to be marked "running")."""
@@ -831,6 +867,43 @@ def test_sigterm_stops_at_once_and_resume_continues(tmp_path, capsys, monkeypatc
         assert list(f["step"][:]) == [0, 2, 4]
     monkeypatch.undo()
     _assert_resume_completes_like(out, uninterrupted)
+
+
+def test_sigterm_inside_a_weakref_callback_stops_at_the_frame_without_a_traceback(
+    tmp_path, capsys, monkeypatch
+):
+    """Python cannot raise out of a weakref or garbage-collector callback (jax has some): a
+    SIGTERM that lands in one used to print an "Exception ignored … KeyboardInterrupt"
+    traceback. The run now stops at the frame boundary with the usual record only."""
+    import weakref
+
+    original = NetCDFWriter.append
+
+    class Target:
+        pass
+
+    def append_then_sigterm_in_a_callback(self, time, step, fields):
+        n = original(self, time, step, fields)
+        if n == 3:
+            target = Target()
+            ref = weakref.ref(target, lambda _: signal.raise_signal(signal.SIGTERM))
+            del target  # the callback runs here; what it raises is unraisable
+            assert ref() is None
+        return n
+
+    monkeypatch.setattr(NetCDFWriter, "append", append_then_sigterm_in_a_callback)
+    ignored = []  # what Python would print as "Exception ignored in …"
+    monkeypatch.setattr(sys, "unraisablehook", ignored.append)
+    out = tmp_path / "w.h5"
+    code = _main_catching_interrupt(["shallow-water", *INTERRUPT_ARGS, "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == 130 and "Traceback" not in err and "Exception ignored" not in err, err
+    assert err.strip().splitlines()[0] == "terminated (SIGTERM): stopping now"
+    assert not ignored
+    assert sys.unraisablehook == ignored.append  # restored after the run
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "interrupted: at step 4, t = 2400 s"
+        assert list(f["step"][:]) == [0, 2, 4]
 
 
 def test_sigterm_inside_a_close_while_a_reader_held_the_lock(

@@ -136,6 +136,16 @@ def output_lock(path: str | os.PathLike):
         os.close(fd)
 
 
+class _ExplicitlyClosedFile(h5netcdf.File):
+    """h5netcdf's file, closed only when asked. h5netcdf also closes a file when the object
+    is collected, and one whose opening an interrupt cut short then fails in that close
+    with an "Exception ignored" traceback on stderr; the writer always closes its files
+    itself, and the HDF5 handle beneath."""
+
+    def __del__(self):
+        pass
+
+
 @dataclasses.dataclass(frozen=True)
 class Variable:
     """Metadata of one output variable.
@@ -248,7 +258,7 @@ class NetCDFWriter:
         would fail."""
         h5 = self._open_h5()
         try:
-            f = h5netcdf.File(h5, "a")
+            f = _ExplicitlyClosedFile(h5, "a")
             try:
                 yield f
             finally:
