@@ -264,9 +264,7 @@ class PoissonSolver(eqx.Module):
                 a = np.asarray(coefficient)
                 if not np.all(np.isfinite(a)) or not np.all(a > 0):
                     raise ValueError(
-                        f"coefficient must be finite and > 0 everywhere, got min "
-                        f"{np.nanmin(a) if np.any(~np.isnan(a)) else np.nan:.3g} "
-                        f"(non-finite: {int(np.sum(~np.isfinite(a)))})"
+                        f"coefficient must be finite and > 0 everywhere, got {_least(a)}"
                     )
                 # split like the grid once, here: a coefficient committed to one device
                 # (jax.device_put) would be refused by the compiled call's device check
@@ -753,6 +751,13 @@ def _solve_fast(solver: PoissonSolver, f, prechecked, in_graph, guess=None):
 _SHIFT_NOT_POSITIVE = "shift must be finite and > 0 everywhere"
 
 
+def _least(values: np.ndarray) -> str:
+    """The smallest value of a field that should be finite and > 0, and how many are not
+    finite, for an error message (an all-NaN field has no smallest value: nan)."""
+    least = np.nanmin(values) if np.any(~np.isnan(values)) else np.nan
+    return f"min {least:.3g} (non-finite: {int(np.sum(~np.isfinite(values)))})"
+
+
 def _check_shift(shift: Any, grid: Grid, method: str, mesh: Mesh | None) -> jax.Array | None:
     """The Helmholtz ``shift`` as an array of the grid's dtype (0-d or the grid's shape),
     checked like the coefficient: real, of a valid shape, finite and > 0 (in Python when
@@ -785,11 +790,7 @@ def _check_shift(shift: Any, grid: Grid, method: str, mesh: Mesh | None) -> jax.
     if is_concrete(shift):
         c = np.asarray(shift)
         if not np.all(np.isfinite(c)) or not np.all(c > 0):
-            raise ValueError(
-                f"{_SHIFT_NOT_POSITIVE}, got min "
-                f"{np.nanmin(c) if np.any(~np.isnan(c)) else np.nan:.3g} "
-                f"(non-finite: {int(np.sum(~np.isfinite(c)))})"
-            )
+            raise ValueError(f"{_SHIFT_NOT_POSITIVE}, got {_least(c)}")
         # split like the grid (a field) or replicated (a scalar) once, here
         return place_on_mesh(shift, grid, mesh)
     bad = ~jnp.all(jnp.isfinite(shift) & (shift > 0))
