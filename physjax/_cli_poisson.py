@@ -725,7 +725,6 @@ def _run(args, held: contextlib.ExitStack) -> int:
             configuration=config,
         ),
     )
-    writer.write_static({k: np.asarray(v) for k, v in fields.items()})
     removed = solver.singular and s["compatibility"] == "project"
     summary = dict(
         iterations=iterations,
@@ -735,14 +734,20 @@ def _run(args, held: contextlib.ExitStack) -> int:
         rhs_mean_removed=f_mean if removed else 0.0,
         **errors,
     )
-    if converged:
-        writer.finish(**summary)
-    else:
-        writer.finish(
-            status=f"failed: not converged after {iterations} iterations (relative residual "
-            f"{rel_residual:.2e} > rtol {solver.rtol:.0e})",
-            **summary,
-        )
+    try:
+        writer.write_static({k: np.asarray(v) for k, v in fields.items()})
+        if converged:
+            writer.finish(**summary)
+        else:
+            writer.finish(
+                status=f"failed: not converged after {iterations} iterations (relative "
+                f"residual {rel_residual:.2e} > rtol {solver.rtol:.0e})",
+                **summary,
+            )
+    except BaseException:  # an interrupt or a failed write: no file marked running is left
+        with contextlib.suppress(OSError):
+            os.remove(os.path.realpath(output))
+        raise
     if s.get("plot"):
         _write_plot(output, s["plot"])  # u, residual, and the error or f (as `physjax plot`)
     what = f"poisson {method}: "

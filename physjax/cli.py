@@ -1084,7 +1084,92 @@ def _version() -> str:
     return __version__
 
 
+class _Interrupts:
+    """For a whole command (in the main thread): SIGTERM (a batch system's time limit,
+    ``kill``) ends it as Ctrl-C does, so that what it holds is released (the output lock, a
+    half-made file) and it exits 130 with one line, instead of dying at once. A Ctrl-C or
+    SIGTERM that lands while Python runs a weakref or garbage-collector callback (jax has
+    many while it compiles) cannot be raised there: Python would print "Exception ignored"
+    and go on as if no stop had been asked for. It is raised again at the next opportunity
+    (a command that ends first ends as it did). A run's own [`_StopRequest`][] takes over
+    while the run steps."""
+
+    def __init__(self):
+        self._installed = False
+        self._signum = signal.SIGINT
+        self._timer = None
+
+    def _interrupt(self, signum, frame):
+        if signum == signal.SIGTERM and self._signum != signal.SIGTERM:
+            print("\nterminated (SIGTERM): stopping now", file=sys.stderr, flush=True)
+        self._signum = signum
+        raise KeyboardInterrupt
+
+    def _unraisable(self, args):
+        if issubclass(args.exc_type, KeyboardInterrupt):
+            # Signalled again from another thread a moment later: the handler then runs in
+            # the main thread out of this hook and the callback (signalled from here, it
+            # would run inside this hook, where it cannot raise either), and a sleep or
+            # wait of the main thread is cut short as by the first signal.
+            self._timer = threading.Timer(0.01, self._signal_again)
+            self._timer.start()
+            return
+        self._previous_hook(args)
+
+    def _signal_again(self):
+        if hasattr(signal, "pthread_kill"):
+            signal.pthread_kill(threading.main_thread().ident, self._signum)
+        else:  # pragma: no cover - Windows
+            import _thread
+
+            _thread.interrupt_main(self._signum)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = (
+                signal.signal(signal.SIGINT, self._interrupt),
+                signal.signal(signal.SIGTERM, self._interrupt),
+            )
+            self._previous_hook = sys.unraisablehook
+            sys.unraisablehook = self._unraisable
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc):
+        if self._timer is not None:  # a command that ended first ends as it did
+            self._timer.cancel()
+        if self._installed:
+            for signum, previous in zip((signal.SIGINT, signal.SIGTERM), self._previous):
+                default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+                signal.signal(signum, default if previous is None else previous)
+            sys.unraisablehook = self._previous_hook
+        return False
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The ``physjax`` command: run it with `argv` (default ``sys.argv[1:]``) and return its
+    exit status (0 done, 1 out of disk space, 2 bad input, 3 the run blew up, 130
+    interrupted)."""
+    with _Interrupts():
+        return _main(argv)
+
+
+def run_command(argv: list[str] | None = None) -> None:
+    """The console script: [`main`][] and exit with its status. An interrupted command
+    exits at once (``os._exit``) once its output is flushed: main has released everything
+    by then, and an XLA compilation that the interrupt cut short can still be running
+    beneath, under which the interpreter's own teardown crashed (a segmentation fault after
+    the "interrupted" line, jax 0.10 on CPU)."""
+    code = main(argv)
+    if code == 130:
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
+def _main(argv: list[str] | None) -> int:
     try:  # a Ctrl-C while the parser imports the solvers (a second or so): nothing to keep
         parser = build_parser()
         args = parser.parse_args(argv)
@@ -1119,4 +1204,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_command()

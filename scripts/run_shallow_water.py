@@ -3,7 +3,7 @@
 
 import sys
 
-from physjax.cli import main
+from physjax.cli import run_command
 
 if __name__ == "__main__":
-    sys.exit(main(["shallow-water", *sys.argv[1:]]))
+    run_command(["shallow-water", *sys.argv[1:]])

@@ -1,5 +1,5 @@
 import sys
 
-from physjax.cli import main
+from physjax.cli import run_command
 
-sys.exit(main(["poisson", *sys.argv[1:]]))
+run_command(["poisson", *sys.argv[1:]])

@@ -1275,3 +1275,24 @@ def test_a_value_beyond_float32_is_refused_not_stored_as_inf(tmp_path):
         assert ds.sizes["time"] == 1 and ds["a"].dtype == np.float32
         assert float(ds["a"][0, 2, 3]) == pytest.approx(3e38, rel=1e-6)
         assert np.isinf(ds["a"][0, 0, 0]) and np.isfinite(ds["a"][0, 1:]).all()
+
+
+@pytest.mark.parametrize("code", [0, 2, 130])
+def test_console_command_exits_at_once_only_when_interrupted(monkeypatch, code):
+    """The console script exits with main's status; after an interrupt it skips the
+    interpreter's teardown (os._exit), under which an XLA compilation cut short by the
+    interrupt crashed it."""
+    import physjax.cli as cli
+
+    exits = []
+
+    def os_exit(status):
+        exits.append(status)
+        raise SystemExit("os._exit")
+
+    monkeypatch.setattr(cli, "main", lambda argv=None: code)
+    monkeypatch.setattr(os, "_exit", os_exit)
+    with pytest.raises(SystemExit) as stopped:
+        cli.run_command(["plot"])
+    assert exits == ([130] if code == 130 else [])
+    assert stopped.value.code == ("os._exit" if code == 130 else code)

@@ -2,8 +2,10 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import h5py
 import numpy as np
@@ -625,3 +627,80 @@ def test_output_replaces_a_physjax_file_but_not_someone_elses(tmp_path, capsys):
     assert main(["shallow-water", *fast, "--output", str(out)]) == 2
     assert "holds the results of physjax poisson (case dirichlet" in capsys.readouterr().err
     assert _poisson(tmp_path, *small, "--overwrite", name="sw.h5")[0] == 0
+
+
+@pytest.fixture
+def sigterm_unhandled(monkeypatch):
+    """A SIGTERM that physjax leaves unhandled fails the test instead of killing pytest."""
+
+    def unhandled(signum, frame):
+        raise RuntimeError("SIGTERM was not handled by physjax")
+
+    previous = signal.signal(signal.SIGTERM, unhandled)
+    yield unhandled
+    signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize("where", ["at once", "in a weakref callback"])
+def test_sigterm_ends_the_solve_like_ctrl_c_with_no_file_left(
+    tmp_path, capsys, monkeypatch, sigterm_unhandled, where
+):
+    """A batch system's SIGTERM ends `physjax poisson` with status 130 and one line, and
+    leaves neither the output (it would say "running") nor the hidden lock file. One that
+    lands in a weakref callback, where Python cannot raise it (it would print "Exception
+    ignored" and go on to a normal exit), is raised again at the next opportunity."""
+    import weakref
+
+    from physjax.io import NetCDFWriter
+
+    original = NetCDFWriter.write_static
+
+    class Target:
+        pass
+
+    def write_static(self, fields):
+        if where == "at once":
+            signal.raise_signal(signal.SIGTERM)
+        else:
+            target = Target()
+            ref = weakref.ref(target, lambda _: signal.raise_signal(signal.SIGTERM))
+            del target  # the callback runs here
+            assert ref() is None
+            time.sleep(5)  # where the stop is raised again (a command that ends first ends)
+        return original(self, fields)
+
+    ignored = []  # what Python would print as "Exception ignored in …"
+    monkeypatch.setattr(sys, "unraisablehook", ignored.append)
+    monkeypatch.setattr(NetCDFWriter, "write_static", write_static)
+    code, out = _poisson(tmp_path, "--n", "16")
+    err = capsys.readouterr().err
+    assert code == 130 and not ignored, err
+    assert err.strip().splitlines() == [
+        "terminated (SIGTERM): stopping now",
+        "physjax poisson: interrupted",
+    ]
+    assert list(tmp_path.iterdir()) == []
+    assert signal.getsignal(signal.SIGTERM) is sigterm_unhandled  # restored after
+    assert sys.unraisablehook == ignored.append
+
+
+def test_sigterm_while_compiling_exits_130(tmp_path):
+    """The console command, stopped while XLA compiles: status 130 with one line (a SIGTERM
+    used to kill it outright, leaving the hidden lock file; a Ctrl-C there ended in a
+    segmentation fault of the interpreter's teardown after the "interrupted" line)."""
+    out = tmp_path / "c.h5"
+    run = [sys.executable, "-m", "physjax.cli", "poisson", "--method", "multigrid"]
+    run += ["--case", "dirichlet", "--n", "256", "--output", str(out)]
+    proc = subprocess.Popen(run, stderr=subprocess.PIPE, text=True)
+    try:
+        header = proc.stderr.readline()  # printed just before the solver is built
+        assert "256×256 cells" in header, header
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGTERM)
+        rest = proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, header + rest
+    assert rest.strip().splitlines()[-1] == "physjax poisson: interrupted"
+    assert list(tmp_path.iterdir()) == []
