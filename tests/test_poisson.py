@@ -474,6 +474,20 @@ def test_initial_guess_is_checked_and_ignored_by_a_direct_solve():
             solver(f, initial_guess=np.zeros((16, 8)))
         with pytest.raises(ValueError, match=r"initial_guess must be real"):
             solver(f, initial_guess=np.zeros((16, 16), complex))
+        with pytest.raises(ValueError, match=r"f must be real, got dtype bool"):
+            solver(f > 0)  # a mask is not a right-hand side (as in the shallow-water model)
+    # a NaN/Inf guess is refused by name (it ran every iteration of cg and then blamed f);
+    # traced, it is not read, and the not-converged message names it among the causes
+    bad = np.zeros((16, 16))
+    bad[3, 4], bad[5, 6] = np.nan, np.inf
+    for method in ("cg", "multigrid"):
+        solver = PoissonSolver(grid, "dirichlet", method)
+        with pytest.raises(ValueError, match=r"initial_guess has 2 non-finite value\(s\)"):
+            solver.solve(f, initial_guess=bad)
+        quiet = PoissonSolver(grid, "dirichlet", method, throw=False)
+        traced = jax.jit(lambda u0, s=quiet: s.solve(f, initial_guess=u0))(bad)
+        assert not bool(traced.converged)
+    assert "NaN/Inf in f or initial_guess" in solver._not_converged_message()
     spectral = PoissonSolver(grid, "dirichlet", "spectral")
     assert np.array_equal(spectral(f, initial_guess=np.ones((16, 16))), spectral(f))
     assert _rel(solve(f, grid, "dirichlet", "cg", initial_guess=spectral(f)), spectral(f)) <= 1e-8
@@ -490,6 +504,16 @@ def test_initial_guess_is_checked_and_ignored_by_a_direct_solve():
 # ------------------------------------------------------------------ bad input
 def test_bad_input_errors():
     grid = _grid((16, 16), True)
+    # One string: a misspelt name, or a wall condition on a grid with no walls (Grid is
+    # periodic by default), is refused; both were solved as periodic without a word.
+    for bc in ("dirichet", "bogus"):
+        with pytest.raises(ValueError, match=f"bc must be one of .* got '{bc}'"):
+            PoissonSolver(grid, bc)
+    for bc in ("dirichlet", "neumann"):
+        with pytest.raises(ValueError, match=f"bc is '{bc}' but the grid is periodic along eve"):
+            solve(np.zeros((16, 16)), grid, bc)
+    mixed = Grid((16, 16), (1.0, 1.0), periodic=(True, False), dtype="float64")
+    assert PoissonSolver(mixed, "neumann").bc == ("periodic", "neumann")
     with pytest.raises(ValueError, match="f must have the grid's shape"):
         solve(np.zeros((16, 8)), grid)
     with pytest.raises(ValueError, match="f is incompatible"):
@@ -526,8 +550,14 @@ def test_bad_input_errors():
     assert PoissonSolver(walls, "dirichlet", "cg", rtol=np.array(1e-6)).rtol == 1e-6
     with pytest.raises(ValueError, match="coefficient must have the grid's shape"):
         PoissonSolver(walls, "dirichlet", "cg", coefficient=np.ones((8, 8)))
-    with pytest.raises(ValueError, match="coefficient is not supported by method='spectral'"):
-        PoissonSolver(walls, "dirichlet", "spectral", coefficient=np.ones((16, 16)))
+    for a in (True, np.ones((16, 16), bool)):  # as for the shift: True is not 1
+        with pytest.raises(
+            ValueError, match=r"coefficient must be real \(and > 0\), got dtype bool"
+        ):
+            PoissonSolver(walls, "dirichlet", "cg", coefficient=a)
+    for a in (np.ones((16, 16)), 2.0):  # one number too, with the rewriting that serves
+        with pytest.raises(ValueError, match=r"not supported by method='spectral'.*f/a"):
+            PoissonSolver(walls, "dirichlet", "spectral", coefficient=a)
     with pytest.raises(ValueError, match="bc for axis x is 'dirichlet' but the grid is periodic"):
         PoissonSolver(grid, ("periodic", "dirichlet"))
     with pytest.raises(ValueError, match="method must be one of"):

@@ -34,8 +34,16 @@ def normalise_bc(bc: Any, grid: Grid) -> tuple[str, ...]:
     if bc is None:
         out = tuple("periodic" if p else "dirichlet" for p in grid.periodic)
     elif isinstance(bc, str):
+        if bc not in BOUNDARY_CONDITIONS:
+            raise ValueError(f"bc must be one of {BOUNDARY_CONDITIONS}, got {bc!r}")
         if bc == "periodic":
             out = ("periodic",) * grid.ndim
+        elif all(grid.periodic):  # a wall condition with no wall to take it: a mistake
+            raise ValueError(
+                f"bc is {bc!r} but the grid is periodic along every axis {names}; build the "
+                f"grid with periodic=False on the walled axes (Grid is periodic by default) "
+                f"or use bc='periodic'"
+            )
         else:
             # One wall condition for every walled axis; periodic axes stay periodic.
             out = tuple("periodic" if p else bc for p in grid.periodic)

@@ -248,11 +248,15 @@ class PoissonSolver(eqx.Module):
         if coefficient is not None:
             if method == "spectral":
                 raise ValueError(
-                    "coefficient is not supported by method='spectral' (its eigenbasis needs "
-                    "a constant coefficient); use method='cg' or 'multigrid'"
+                    "coefficient is not supported by method='spectral', which solves the "
+                    "constant-coefficient Laplacian only: for a field use method='cg' or "
+                    "'multigrid'; for one number a, ∇·(a∇u) = f is ∇²u = f/a (a shift C "
+                    "becomes C/a), which spectral solves exactly"
                 )
             if jnp.iscomplexobj(coefficient):
                 raise ValueError("coefficient must be real (and > 0), got a complex array")
+            if jnp.asarray(coefficient).dtype == bool:  # True is not a coefficient of 1
+                raise ValueError("coefficient must be real (and > 0), got dtype bool")
             coefficient = jnp.asarray(coefficient, grid.dtype)
             if coefficient.ndim == 0:  # a constant: the same at every cell
                 coefficient = jnp.broadcast_to(coefficient, grid.shape)
@@ -362,7 +366,7 @@ class PoissonSolver(eqx.Module):
                 f"({' '.join(self.grid.axis_names)}), "
                 f"got {f.shape}; use jax.vmap for batches"
             )
-        if jnp.issubdtype(f.dtype, jnp.complexfloating):
+        if jnp.issubdtype(f.dtype, jnp.complexfloating) or f.dtype == bool:
             raise ValueError(f"{name} must be real, got dtype {f.dtype}")
         # The grid's precision is the solve's: a float32 f on a float64 grid is solved in
         # float64 (and to float64 tolerances), not silently in float32.
@@ -597,8 +601,9 @@ class PoissonSolver(eqx.Module):
         return (
             f"the {self.method} Poisson solve did not converge within max_iterations="
             f"{self.max_iterations} to rtol={self.rtol:g} (or its residual is not finite: "
-            "NaN/Inf in f, or a diverging multigrid cycle); raise max_iterations or the "
-            "tolerance, check the inputs and the coefficient (strongly varying coefficients: "
+            "NaN/Inf in f or initial_guess, or a diverging multigrid cycle); raise "
+            "max_iterations or the tolerance, check the inputs and the coefficient (strongly "
+            "varying coefficients: "
             "method='cg'), or pass throw=False and read .converged from .solve. A solution "
             "below the dtype's smallest normal number (1.2e-38 in float32) is flushed to "
             "zero and counts as not converged: scale f up"
@@ -699,6 +704,14 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
         guess = cls._check_field(solver, guess, "initial_guess")
         if solver.method == "spectral":
             guess = None  # a direct solve: nothing to start from (and no second compilation)
+        elif is_concrete(guess) and not bool(jnp.all(jnp.isfinite(guess))):
+            # (a traced guess, as in a time stepper, is not read: the solve then reports
+            # not converged, and its message names the guess among the causes)
+            bad = int(jnp.sum(~jnp.isfinite(guess)))
+            raise ValueError(
+                f"initial_guess has {bad} non-finite value(s) (NaN/Inf); give a finite guess "
+                "(e.g. the last good solution) or none"
+            )
     if isinstance(boundary_values, Mapping):
         # the shape of each entry is checked here, on the values as given: inside the
         # compiled call the message would show tracers instead
