@@ -303,8 +303,10 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
             f"--{option}: {spec} has dimensions {tuple(d or '?' for d in dims)} of shape "
             f"{data.shape}; need a 2-D (y, x) or 3-D (z, y, x) field"
         )
-    if not np.issubdtype(data.dtype, np.number):
+    if not np.issubdtype(data.dtype, np.number) or data.dtype == bool:
         raise ValueError(f"--{option}: {spec} is not numeric (dtype {data.dtype})")
+    if np.iscomplexobj(data):  # its imaginary part would be dropped with a warning only
+        raise ValueError(f"--{option}: {spec} is complex (dtype {data.dtype}); give a real field")
     if data.size == 0:
         raise ValueError(f"--{option}: {spec} holds no values (shape {data.shape})")
     bad = int(np.sum(~np.isfinite(data)))
@@ -552,12 +554,13 @@ def _run(args, held: contextlib.ExitStack) -> int:
                 raise ValueError(
                     f"--output {output!r} is the input file of {spec}; writing would destroy it"
                 )
-    from .cli import _check_overwrite
+    from .cli import _check_output_name, _check_overwrite
     from .io import check_writable, output_lock
 
+    _check_output_name(output)
     check_writable(output, "--output")
     held.enter_context(output_lock(output))
-    _check_overwrite(output, bool(getattr(args, "overwrite", False)), "poisson")
+    replacing = _check_overwrite(output, bool(getattr(args, "overwrite", False)), "poisson")
     _check_plot_path(s.get("plot"), output=output)
 
     import jax
@@ -706,6 +709,8 @@ def _run(args, held: contextlib.ExitStack) -> int:
         output=output,
         plot=s.get("plot") or "",
     )
+    if replacing:  # named once every setting has passed, as the file is replaced
+        print(replacing, file=sys.stderr)
     writer = NetCDFWriter(
         output,
         grid,

@@ -269,8 +269,11 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
-def _check_plot_path(path: str | None, option: str = "--plot", output: str | None = None) -> None:
-    """A writable ``.png`` path, not the run's output file (the picture would replace it)."""
+def _check_plot_path(
+    path: str | None, option: str = "--plot", output: str | None = None, what: str = "output"
+) -> None:
+    """A writable ``.png`` path that is neither the data file `output` nor any existing
+    file other than a PNG (the picture would replace it)."""
     if path is None:
         return
     from .io import check_writable
@@ -279,10 +282,32 @@ def _check_plot_path(path: str | None, option: str = "--plot", output: str | Non
         raise ValueError(f"{option} must name a .png file, got {path!r}")
     if output is not None and _same_file(path, output):
         raise ValueError(
-            f"{option} {path!r} is the output file itself; the picture would replace the "
+            f"{option} {path!r} is the {what} file itself; the picture would replace the "
             "data: give it its own name"
         )
+    if os.path.isfile(path) and not _is_png(path):
+        raise ValueError(
+            f"{option} {path!r} exists and is not a PNG image: physjax replaces only an "
+            "earlier picture, never other data; give another name"
+        )
     check_writable(path, option)
+
+
+def _is_png(path: str) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(8) == b"\x89PNG\r\n\x1a\n"
+    except OSError:
+        return False
+
+
+def _check_output_name(output: str) -> None:
+    """The data file is not named like a picture (``physjax plot`` would draw over it)."""
+    if output.lower().endswith(".png"):
+        raise ValueError(
+            f"--output {output!r} names the NetCDF4/HDF5 data file, not a picture; give it "
+            "a name like out.h5 and the picture to --plot"
+        )
 
 
 def _write_plot(path: str, plot: str, option: str = "--plot", **kwargs) -> None:
@@ -535,6 +560,16 @@ def _check_memory(
 MAX_STEPS = 2**31 - 1
 
 
+def _check_step_count(steps: float, given: str, t_end: float) -> None:
+    """Refuse more steps than a run can count; `steps` may be a ratio that overflowed to
+    inf (a --t-end of 1e308, a --dt of 5e-324), which ``math.ceil`` would not take."""
+    if not steps <= MAX_STEPS:
+        raise ValueError(
+            f"{given} takes {steps:.3g} steps to --t-end {t_end:g} s, more than the "
+            f"{MAX_STEPS} a run can count; raise it or shorten --t-end"
+        )
+
+
 def _steps(t_end: float, dt: float) -> tuple[int, float]:
     """Steps to reach ``t_end`` with a step of at most ``dt``, and the step that lands the last
     frame exactly on ``t_end``: ``dt`` itself when it divides ``t_end`` (to 1e-9), else
@@ -545,17 +580,18 @@ def _steps(t_end: float, dt: float) -> tuple[int, float]:
     return n, t_end / n
 
 
-def _check_overwrite(output: str, overwrite: bool, command: str = "shallow-water") -> None:
+def _check_overwrite(output: str, overwrite: bool, command: str = "shallow-water") -> str | None:
     """A new run replaces an existing ``output`` only if it holds a run of the same
     ``command`` that ended (``complete`` or ``failed: …``), or with ``--overwrite``: an
     unfinished run is what ``--resume`` continues, a file physjax did not write may be
     someone's data, and another command's results are most likely a clash of file names.
     A run replaced without ``--overwrite`` is named on stderr (the default output
-    ``<case>.h5`` makes it easy to replace one unawares)."""
+    ``<case>.h5`` makes it easy to replace one unawares): the line is returned, to be
+    printed when the file is replaced, after every other setting has been checked."""
     from .io import STATUS_COMPLETE, read_attrs
 
     if overwrite or not os.path.exists(output):
-        return
+        return None
     try:
         attrs = read_attrs(output)
     except ValueError:
@@ -582,10 +618,7 @@ def _check_overwrite(output: str, overwrite: bool, command: str = "shallow-water
             f"{attrs.get('case', '?')}, {status}); give this {command} run another --output, "
             f"or pass --overwrite to replace them"
         )
-    print(
-        f"replacing the {stored} run in {output} (case {attrs.get('case', '?')}, {status})",
-        file=sys.stderr,
-    )
+    return f"replacing the {stored} run in {output} (case {attrs.get('case', '?')}, {status})"
 
 
 #: Settings of a case that the command line sets with options of their own, not --param.
@@ -744,6 +777,7 @@ def _run_shallow_water(
     dt_requested = cfl = None
     if settings.get("dt") is not None:
         dt_requested = _positive_number("--dt", settings["dt"])
+        _check_step_count(t_end / dt_requested, f"--dt {dt_requested:g} s", t_end)
         n_steps, dt = _steps(t_end, dt_requested)
         if cfl_check:  # the step taken: a --dt beyond --t-end is lowered to it
             try:
@@ -761,14 +795,12 @@ def _run_shallow_water(
             raise ValueError(
                 f"--cfl must be in (0, 1] (a fraction of the stability limit), got {cfl}"
             )
-        n_steps = max(1, math.ceil(t_end / model.max_stable_dt(state, cfl)))
+        ratio = t_end / model.max_stable_dt(state, cfl)
+        _check_step_count(ratio, f"--cfl {cfl:g}", t_end)
+        n_steps = max(1, math.ceil(ratio))
         dt = t_end / n_steps
-    if n_steps > MAX_STEPS:
-        given = f"--dt {dt_requested:g} s" if dt_requested is not None else f"--cfl {cfl:g}"
-        raise ValueError(
-            f"{given} takes {n_steps:.3g} steps to --t-end {t_end:g} s, more than the "
-            f"{MAX_STEPS} a run can count; raise it or shorten --t-end"
-        )
+    given = f"--dt {dt_requested:g} s" if dt_requested is not None else f"--cfl {cfl:g}"
+    _check_step_count(n_steps, given, t_end)
     if resume and settings.get("n_steps") is not None:
         # The step and step count the run began with, exactly as stored: files written before
         # a --dt was lowered to land on --t-end ran ceil(t_end / dt) steps of the dt given.
@@ -802,10 +834,12 @@ def _run_shallow_water(
         model.check_mesh(mesh)  # the mesh divides the grid, walls keep 2 cells per device
 
     output = output or f"{case_name}.h5"
+    _check_output_name(output)
     check_writable(output, "--output")
+    replacing = None
     if not resume:
         held.enter_context(output_lock(output))
-        _check_overwrite(output, overwrite)
+        replacing = _check_overwrite(output, overwrite)
     plot = settings.get("plot")
     _check_plot_path(plot, output=output)
     resolved = {
@@ -870,6 +904,8 @@ def _run_shallow_water(
                 print(f"physjax: {output}: {history}", file=sys.stderr)
             frames_before = read_attrs(output)["n_frames"]
         else:
+            if replacing:
+                print(replacing, file=sys.stderr)
             writer = NetCDFWriter(
                 output,
                 grid,
@@ -911,7 +947,14 @@ def _run_shallow_water(
                 step0=step0,
                 n_steps=n_steps,
                 save_every=save_every,
-                on_frame=lambda s, t, k: writer.append(t, k, fields_of(s)),
+                # the last frame's time is --t-end itself: n_steps * dt can miss it by an
+                # ulp (7 * (7200 / 7) = 7200.000000000001), and ds.sel(time=t_end) with it
+                # (files of older versions ran ceil(t_end / dt) steps past t_end: kept)
+                on_frame=lambda s, t, k: writer.append(
+                    t_end if k == n_steps and abs(t - t_end) <= 1e-9 * t_end else t,
+                    k,
+                    fields_of(s),
+                ),
                 progress=bar,
                 max_frames=max_frames,
                 stop=stop,
@@ -1040,8 +1083,15 @@ def _cmd_plot(args) -> int:
         raise ValueError(f"file {args.file!r} does not exist")
     if not os.path.isfile(args.file):
         raise ValueError(f"{args.file!r} is not a regular file (a device or pipe)")
+    from .io import read_attrs
+
+    if "physjax_version" not in read_attrs(args.file):  # its axes and units would be guesses
+        raise ValueError(
+            f"{args.file!r} was not written by physjax: `physjax plot` draws physjax output "
+            "files (xarray's .plot() draws any NetCDF variable)"
+        )
     out = args.output or os.path.splitext(args.file)[0] + ".png"
-    _check_plot_path(out, "--output" if args.output else "the default output")
+    _check_plot_path(out, "--output" if args.output else "the default output", args.file, "input")
     _write_plot(args.file, out, "--output", frame=args.frame)
     print(f"wrote {out}")
     return 0

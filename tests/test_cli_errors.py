@@ -281,14 +281,18 @@ def test_output_and_plot_on_the_same_path_are_refused(tmp_path, capsys):
     same = tmp_path / "x.png"
     for command in (["shallow-water", *FAST], ["poisson", "--n", "16", "--quiet"]):
         code, err = _error(capsys, [*command, "--output", str(same), "--plot", str(same)])
-        assert code == 2 and f"--plot {str(same)!r} is the output file itself" in err
+        assert code == 2 and f"--output {str(same)!r} names the NetCDF4/HDF5 data file" in err
         assert not same.exists()
-    # the same file by another spelling
-    other = tmp_path / "sub" / ".." / "x.png"
+    # the same file by another spelling, or through a link
+    data = tmp_path / "x.h5"
     (tmp_path / "sub").mkdir()
-    argv = ["shallow-water", *FAST, "--output", str(same), "--plot", str(other)]
-    code, err = _error(capsys, argv)
-    assert code == 2 and "is the output file itself" in err and not same.exists()
+    (tmp_path / "link.png").symlink_to(data)
+    for plot in (tmp_path / "sub" / ".." / "link.png", tmp_path / "link.png"):
+        for command in (["shallow-water", *FAST], ["poisson", "--n", "16", "--quiet"]):
+            argv = [*command, "--output", str(data), "--plot", str(plot)]
+            code, err = _error(capsys, argv)
+            assert code == 2 and f"--plot {str(plot)!r} is the output file itself" in err
+            assert not data.exists()
 
 
 @pytest.mark.parametrize("content", [None, b'case = "gravity-wave\xff"\n'])

@@ -273,6 +273,11 @@ def test_blow_up_stops_with_step_and_keeps_frames(tmp_path, capsys):
         (["--case", "nope"], "unknown case 'nope'"),
         (["--devices", "1x4", "--nx", "30"], "mesh does not divide the grid: nx=30"),
         (["--devices", "64"], "devices=64 requested"),
+        # a step count that overflows to inf: it gave an OverflowError traceback
+        (["--t-end", "1e308", "--dt", "0.01"], "--dt 0.01 s takes inf steps"),
+        (["--dt", "5e-324"], "takes inf steps to --t-end 7200 s, more than the 2147483647"),
+        (["--cfl", "1e-320"], "takes inf steps"),
+        (["--output", "run.png"], "names the NetCDF4/HDF5 data file, not a picture"),
         (["--precision", "float16"], "--precision must be float32 or float64"),
         (["--cfl", "3"], "--cfl must be in"),
         (["--param", "bogus=1"], "unknown parameter"),
@@ -1296,3 +1301,68 @@ def test_console_command_exits_at_once_only_when_interrupted(monkeypatch, code):
         cli.run_command(["plot"])
     assert exits == ([130] if code == 130 else [])
     assert stopped.value.code == ("os._exit" if code == 130 else code)
+
+
+def test_no_picture_is_drawn_over_data(tmp_path, capsys):
+    """`physjax plot FILE` writes FILE's name with .png: a data file named like a picture
+    was replaced by its own picture, and a --plot/--output path linking to another data file
+    replaced that one, with exit 0. An existing file is now replaced only if it is a PNG."""
+    code, run = _run(tmp_path, "--max-frames", "1", name="run.h5")
+    assert code == 0
+    data = run.read_bytes()
+    disguised = tmp_path / "data.png"  # an HDF5 file with a picture's name
+    disguised.write_bytes(data)
+    other = tmp_path / "other.h5"
+    other.write_bytes(data)
+    link = tmp_path / "link.png"
+    link.symlink_to(other)
+    capsys.readouterr()
+    assert main(["plot", str(disguised)]) == 2
+    assert "is the input file itself" in capsys.readouterr().err
+    assert main(["plot", str(run), "--output", str(link)]) == 2
+    assert "exists and is not a PNG image" in capsys.readouterr().err
+    code, new = _run(tmp_path, "--plot", str(link), name="new.h5")
+    assert code == 2 and "exists and is not a PNG image" in capsys.readouterr().err
+    assert not new.exists()
+    assert disguised.read_bytes() == other.read_bytes() == data
+    # an earlier picture is replaced as before
+    picture = tmp_path / "run.png"
+    assert main(["plot", str(run)]) == 0 and picture.read_bytes()[:4] == b"\x89PNG"
+    before = picture.stat().st_mtime_ns
+    assert main(["plot", str(run), "--frame", "0"]) == 0
+    assert picture.stat().st_mtime_ns >= before
+    # a file physjax did not write is not drawn with made-up axes and units
+    foreign = tmp_path / "foreign.h5"
+    with h5py.File(foreign, "w") as f:
+        f["h"] = np.ones((3, 16, 16))
+    capsys.readouterr()
+    assert main(["plot", str(foreign)]) == 2
+    err = capsys.readouterr().err
+    assert "was not written by physjax" in err and "Warning" not in err
+    assert not (tmp_path / "foreign.png").exists()
+
+
+def test_replacing_notice_only_when_the_file_is_replaced(tmp_path, capsys):
+    """The line naming a replaced run came before the checks of the other settings, so a
+    command refused for its --plot said it was replacing a file it then left alone."""
+    code, out = _run(tmp_path)
+    assert code == 0
+    before = out.read_bytes()
+    capsys.readouterr()
+    code, _ = _run(tmp_path, "--plot", str(tmp_path / "p.jpg"))  # refused after the check
+    err = capsys.readouterr().err
+    assert code == 2 and "replacing the" not in err and len(err.strip().splitlines()) == 1, err
+    assert out.read_bytes() == before
+    assert _run(tmp_path)[0] == 0
+    assert "replacing the shallow-water run in" in capsys.readouterr().err
+
+
+def test_last_frame_lands_exactly_on_t_end(tmp_path):
+    """7200 s in 7 steps of 7200/7 s: 7 * (7200 / 7) is 7200.000000000001, and the last
+    frame's time was that, so ds.sel(time=7200.0) failed."""
+    code, out = _run(tmp_path, "--dt", "1100", "--save-every", "1")
+    assert code == 0
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["n_frames"] == 8 and float(ds.time[-1]) == 7200.0
+        assert float(ds.h.sel(time=7200.0).max()) > 0
+        assert float(ds.time[-2]) == 6 * (7200 / 7)  # the others stay step * dt

@@ -397,6 +397,7 @@ def rhs_file(tmp_path):
         h["line"] = np.zeros(8)
         h["empty"] = np.zeros((0, 8, 8))
         h["bad"] = np.full((8, 8), np.nan)
+        h["cplx"] = np.ones((8, 8), complex)
     xr.Dataset({"yz": (("y", "z"), np.ones((8, 8)))}).to_netcdf(path, "a", engine="h5netcdf")
     return path
 
@@ -430,6 +431,8 @@ def rhs_file(tmp_path):
         (["--rhs", "{rhs}:line", "--bc", "periodic"], "need a 2-D (y, x) or 3-D"),
         (["--rhs", "{rhs}:empty", "--bc", "periodic"], "empty holds no values (shape (0, 8, 8))"),
         (["--rhs", "{rhs}:bad", "--bc", "periodic"], "64 non-finite value(s)"),
+        (["--rhs", "{rhs}:cplx", "--bc", "periodic"], "cplx is complex (dtype complex128)"),
+        (["--output", "p.PNG"], "--output 'p.PNG' names the NetCDF4/HDF5 data file"),
         (["--rhs", "{rhs}:forcing", "--bc", "periodic", "--frame", "3"], "out of range"),
         (["--rhs", "{rhs}:forcing", "--bc", "periodic", "--nx", "16"], "--nx=16 does not match"),
         (["--rhs", "{rhs}:forcing"], "--rhs needs --bc"),
