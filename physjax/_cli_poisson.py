@@ -67,7 +67,6 @@ DEFAULTS = dict(
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``poisson`` subcommand."""
-    from .cli import _parse_devices
 
     p = subparsers.add_parser(
         "poisson",
@@ -144,8 +143,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     p.add_argument("--precision", choices=("float32", "float64"), help="default float64")
     p.add_argument(
-        "--devices",
-        type=_parse_devices,
+        "--devices",  # checked with the config file's value, for one-line errors
         help="devices to split the grid over: a count (4) or a layout (2x2)",
     )
     p.add_argument("--output", help="NetCDF4/HDF5 output file (default poisson.h5)")

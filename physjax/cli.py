@@ -418,8 +418,7 @@ def add_run_options(p: argparse.ArgumentParser, cases: list[str], default_case: 
     )
     p.add_argument("--precision", choices=None, help="float32 (default) or float64")
     p.add_argument(
-        "--devices",
-        type=_parse_devices,
+        "--devices",  # checked with the config file's value, for one-line errors
         help="devices to split the grid over: a count (4) or layout (2x2)",
     )
     p.add_argument("--output", help="NetCDF4/HDF5 output file (default <case>.h5)")

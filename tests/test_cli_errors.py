@@ -146,6 +146,7 @@ def test_non_positive_counts_and_conflicting_options(tmp_path, capsys, extra, ma
     code, err = _error(capsys, ["shallow-water", *FAST, "--output", str(tmp_path / "o.h5"), *extra])
     assert code == 2
     assert match in err
+    assert len(err.strip().splitlines()) == 1, err  # no usage block (argparse printed one)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -349,3 +350,13 @@ def test_devices_raise_a_smaller_simulated_device_count_already_in_xla_flags(mon
     monkeypatch.delenv("XLA_FLAGS")
     setup_jax("float32", 1)
     assert "XLA_FLAGS" not in os.environ
+
+
+def test_a_folder_given_as_the_picture_is_refused_with_a_picture_name(tmp_path, capsys):
+    folder = tmp_path / "d.png"
+    folder.mkdir()
+    argv = ["shallow-water", *FAST, "--output", str(tmp_path / "x.h5"), "--plot", str(folder)]
+    code, err = _error(capsys, argv)
+    assert code == 2 and "is a directory; give a file name like out.png" in err
+    code, err = _error(capsys, ["shallow-water", *FAST, "--output", str(tmp_path)])
+    assert code == 2 and "is a directory; give a file name like out.h5" in err

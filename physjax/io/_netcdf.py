@@ -186,10 +186,11 @@ def check_writable(path: str | os.PathLike, what: str = "output path") -> None:
     The test is real: a new file is created and removed again, an existing one opened for
     appending (and left unchanged), since permission bits say nothing for root and places
     like ``/proc`` or ``/sys`` refuse files whatever their bits say."""
+    example = "out.png" if os.fspath(path).lower().endswith(".png") else "out.h5"
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
-        raise ValueError(f"{what} {path!r} is a directory; give a file name like out.h5")
+        raise ValueError(f"{what} {path!r} is a directory; give a file name like {example}")
     if not os.path.isdir(folder):
         raise ValueError(f"{what} {path!r}: folder {folder!r} does not exist")
     if os.path.exists(path) and not os.path.isfile(path):
@@ -197,7 +198,7 @@ def check_writable(path: str | os.PathLike, what: str = "output path") -> None:
         # socket: never replaced by a file, --overwrite or not
         raise ValueError(
             f"{what} {path!r} is not a regular file (a device, pipe or socket); give a file "
-            "name like out.h5"
+            f"name like {example}"
         )
     try:
         if os.path.exists(path):
