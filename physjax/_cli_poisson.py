@@ -490,8 +490,11 @@ def _run(args, held: contextlib.ExitStack) -> int:
         for name, size in zip(names, shape):
             given = s.get(f"n{name}")
             if given is not None and given != size:
+                # the option the user gave: --n sets nx and ny unless they are given too
+                by_n = getattr(args, "n", None) is not None and name != "z"
+                option = "--n" if by_n and getattr(args, f"n{name}", None) is None else f"--n{name}"
                 raise ValueError(
-                    f"--n{name}={given} does not match --rhs {s['rhs']}, whose shape is "
+                    f"{option}={given} does not match --rhs {s['rhs']}, whose shape is "
                     f"{tuple(shape)}; leave the grid size out to take the variable's"
                 )
         if len(shape) == 2 and s.get("nz") is not None:

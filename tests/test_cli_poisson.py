@@ -435,6 +435,7 @@ def rhs_file(tmp_path):
         (["--output", "p.PNG"], "--output 'p.PNG' names the NetCDF4/HDF5 data file"),
         (["--rhs", "{rhs}:forcing", "--bc", "periodic", "--frame", "3"], "out of range"),
         (["--rhs", "{rhs}:forcing", "--bc", "periodic", "--nx", "16"], "--nx=16 does not match"),
+        (["--rhs", "{rhs}:forcing", "--bc", "periodic", "--n", "16"], "--n=16 does not match"),
         (["--rhs", "{rhs}:forcing"], "--rhs needs --bc"),
         (["--lz", "5"], "--lz given, but the problem is 2-D"),
         (["--rhs", "{rhs}:forcing", "--bc", "periodic", "--lz", "5"], "--lz given"),
