@@ -67,7 +67,6 @@ DEFAULTS = dict(
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``poisson`` subcommand."""
-
     p = subparsers.add_parser(
         "poisson",
         help="solve a Poisson / elliptic problem",
