@@ -633,6 +633,75 @@ def test_a_model_subclass_that_overrides_call_gets_its_own_derivatives(batched, 
     assert _tree_rel(eqx.filter_grad(loss)(u), eqx.filter_grad(ref)(u)) < RTOL
 
 
+class _Scaled(pg.MLP):
+    """u = 2 net(x), with its own jet: a subclass that describes its own derivatives."""
+
+    def __call__(self, x):
+        return 2.0 * super().__call__(x)
+
+    def jet(self, x, directions, form, recompute=True):
+        j = super().jet(x, directions, form, recompute)
+        return pg.Jet(2 * j.value, 2 * j.jac, 2 * j.second)
+
+
+@pytest.mark.parametrize("recompute", [True, False])
+def test_a_subclass_with_its_own_jet_is_used_by_the_batched_operator(recompute):
+    """batched=True rebuilt such a subclass from its layers, as the base MLP: it returned half
+    the Laplacian here, without an error."""
+    u = _f64(_Scaled(2, "scalar", 8, 2, "tanh", key=jax.random.key(4)))
+    xs = jnp.asarray(np.random.default_rng(5).random((3, 2)))
+    ref = jax.vmap(lambda y: jnp.trace(jax.hessian(u)(y)))(xs)
+    assert _rel(pg.laplacian(u, recompute=recompute, batched=True)(xs), ref) < RTOL
+    assert _rel(jax.vmap(pg.laplacian(u, recompute=recompute))(xs), ref) < RTOL
+
+    def loss(m):
+        return jnp.sum(pg.laplacian(m, recompute=recompute, batched=True)(xs) ** 2)
+
+    def reference(m):
+        return jnp.sum(jax.vmap(lambda y: jnp.trace(jax.hessian(m)(y)))(xs) ** 2)
+
+    assert _tree_rel(eqx.filter_grad(loss)(u), eqx.filter_grad(reference)(u)) < RTOL
+
+
+def test_burgers_terms_of_a_scalar_field_in_one_dimension():
+    """u u_x and u_x of a scalar 1-D field: self-advection and divergence needed an output of
+    shape (1,), with the message 'needs fn to return 1 components, got output size 1'."""
+    u = _f64(pg.MLP(1, "scalar", 8, 2, "tanh", key=jax.random.key(2)))
+    xs = jnp.asarray([[0.3], [-0.6]])
+    du = jax.vmap(jax.grad(u))(xs)[:, 0]
+    values = jax.vmap(u)(xs)
+    assert _rel(jax.vmap(pg.advection(u))(xs), values * du) < RTOL
+    assert _rel(jax.vmap(pg.divergence(u))(xs), du) < RTOL
+    assert jax.vmap(pg.advection(u))(xs).shape == (2,)
+    u2 = _model("mlp", depth=1)  # scalar output of a 3-D point
+    with pytest.raises(ValueError, match="needs fn to return 3 components .*got a scalar"):
+        pg.advection(u2)(jnp.zeros(3))
+    with pytest.raises(
+        ValueError, match="divergence needs fn to return 3 components .*got a scalar"
+    ):
+        pg.divergence(u2)(jnp.zeros(3))
+
+
+def test_an_equinox_mlp_of_the_wrong_input_size_is_named():
+    mlp = eqx.nn.MLP(2, "scalar", 4, 1, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="x has dimension 3 but the model expects in_size=2"):
+        pg.laplacian(mlp)(jnp.ones(3))
+    with pytest.raises(ValueError, match="x has dimension 3 but the model expects in_size=2"):
+        pg.laplacian(mlp, batched=True)(jnp.ones((4, 3)))
+
+
+@pytest.mark.parametrize("spatial", [True, np.bool_(False), (0, True)])
+def test_a_boolean_is_no_coordinate_index(spatial):
+    model = _model("mlp", depth=1)
+    with pytest.raises(TypeError, match="spatial must be an int|must be an int, got the boolean"):
+        pg.laplacian(model, spatial=spatial)(jnp.zeros(3))
+
+
+def test_a_boolean_is_no_component_index():
+    with pytest.raises(TypeError, match="component must be an int, got the boolean"):
+        pg.laplacian(_model("mlp", out=2, depth=1), component=True)(jnp.zeros(3))
+
+
 def test_an_equinox_mlp_of_a_scalar_input_takes_points_of_shape_1():
     mlp = _f64(eqx.nn.MLP("scalar", "scalar", 8, 2, jnp.tanh, key=jax.random.key(6)))
     xs = jnp.asarray([[0.3], [-0.7]])

@@ -179,8 +179,16 @@ def per_entry(fn: Activation) -> Activation:
 
 
 def is_chain(fn) -> bool:
-    """Whether ``fn`` is an MLP-like chain with the hand-written batch VJP."""
-    return (isinstance(fn, MLP | FourierMLP) and has_own_jet(fn)) or is_eqx_chain(fn)
+    """Whether ``fn`` is an MLP-like chain with the hand-written batch VJP.
+
+    The rule rebuilds the network from its layers, so it stands for ``MLP`` and
+    ``FourierMLP`` themselves only: a subclass that overrides ``__call__`` or ``jet`` (its own
+    hard boundary condition, a scaled output) takes the generic path, with its own ``jet``
+    where it has one."""
+    return any(
+        isinstance(fn, cls) and type(fn).__call__ is cls.__call__ and type(fn).jet is cls.jet
+        for cls in (MLP, FourierMLP)
+    ) or is_eqx_chain(fn)
 
 
 def _chain_parts(fn):

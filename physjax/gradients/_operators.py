@@ -50,7 +50,13 @@ def _check_points(x) -> Array:
     return _check_point(x, batched=True)
 
 
+def _is_bool(i) -> bool:
+    return isinstance(i, bool | np.bool_) or getattr(i, "dtype", None) == np.bool_
+
+
 def _as_index(i, name: str) -> int:
+    if _is_bool(i):
+        raise TypeError(f"{name} must be an int, got the boolean {i!r}.")
     try:
         return operator.index(i)
     except TypeError:
@@ -64,6 +70,8 @@ def _spatial_indices(spatial: Spatial, d: int, name: str = "spatial") -> tuple[i
         items = list(spatial)
     else:
         try:
+            if _is_bool(spatial):
+                raise TypeError
             items = [operator.index(spatial)]
         except TypeError:
             raise TypeError(
@@ -113,7 +121,10 @@ def _point_fn(fn):
 
 def _output_info(fn, x: Array) -> tuple[int, bool]:
     """Output size ``m`` and whether ``fn`` returns a scalar; checks the output type."""
-    if isinstance(fn, AbstractNeuralField) and fn.in_size != x.shape[0]:
+    model = isinstance(fn, AbstractNeuralField) or (
+        isinstance(fn, eqx.nn.MLP) and isinstance(fn.in_size, int)
+    )
+    if model and fn.in_size != x.shape[0]:
         raise ValueError(
             f"x has dimension {x.shape[0]} but the model expects in_size={fn.in_size}."
         )
@@ -428,11 +439,11 @@ def divergence(
         x = _check_point(x)
         m, scalar = _output_info(fn, x)
         idx = _spatial_indices(spatial, x.shape[0])
-        if scalar or m != len(idx):
-            shape = "()" if scalar else f"({m},)"
+        if m != len(idx):
+            got = "a scalar" if scalar else f"shape ({m},)"
             raise ValueError(
                 f"divergence needs fn to return {len(idx)} components (one per spatial "
-                f"coordinate {idx}), got shape {shape}."
+                f"coordinate {idx}), got {got}."
             )
         return jnp.trace(_jacobian(fn, x, idx)[1])
 
@@ -500,10 +511,11 @@ def advection(
         m, scalar = _output_info(fn, x)
         idx = _spatial_indices(spatial, x.shape[0])
         if velocity is None:
-            if scalar or m != len(idx):
+            if m != len(idx):
+                got = "a scalar" if scalar else f"output size {m}"
                 raise ValueError(
                     f"advection with velocity=None uses u itself and needs fn to return "
-                    f"{len(idx)} components, got output size {m}."
+                    f"{len(idx)} components (one per spatial coordinate {idx}), got {got}."
                 )
             v = jnp.reshape(fn(x), (-1,))
         else:
