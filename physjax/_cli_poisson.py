@@ -149,8 +149,9 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace an existing --output that is not a physjax file or holds an unfinished "
-        "run (an ended physjax output is replaced without it)",
+        help="replace an existing --output whatever it holds: a shallow-water run, an "
+        "unfinished solve, a file physjax did not write (a Poisson solve that ended is "
+        "replaced without it)",
     )
     p.add_argument("--plot", help="quick-look PNG of u, the residual and the error")
     p.add_argument("--config", help="TOML file of these settings (keys as the long options)")

@@ -437,8 +437,9 @@ def add_run_options(p: argparse.ArgumentParser, cases: list[str], default_case: 
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="replace an existing --output that holds an unfinished run or is not a physjax "
-        "file (a finished or failed physjax run is replaced without it)",
+        help="replace an existing --output whatever it holds: an unfinished run, a physjax "
+        "poisson file, a file physjax did not write (a shallow-water run that ended, complete "
+        "or failed, is replaced without it)",
     )
     p.add_argument(
         "--max-frames",
@@ -686,6 +687,8 @@ def _run_shallow_water(
     if resume:
         if not output:
             raise ValueError("--resume needs --output naming the file to continue")
+        if not os.path.lexists(output):
+            raise ValueError(f"--resume: {output!r} does not exist; there is no run to continue")
         held.enter_context(output_lock(output))
         attrs = read_attrs(output)
         stored = attrs.get("configuration")
@@ -743,8 +746,9 @@ def _run_shallow_water(
     for key, option in _OPTION_PARAMETERS.items():
         if key in params:
             raise ValueError(
-                f"--param {key}: {key} is not a physical parameter here; set it with {option}"
-                f" (or {key} at the top of a --config file)"
+                f"parameter {key} (--param, or the [parameters] table of --config): {key} is "
+                f"not a physical parameter here; set it with {option} (or {key} at the top of "
+                "a --config file)"
             )
     defaults = CASES[case_name].defaults
     unknown = sorted(set(params) - set(defaults))
@@ -1095,10 +1099,32 @@ def _cmd_plot(args) -> int:
 
 
 # --------------------------------------------------------------------------------- main
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (the message and where to read more, no usage block)
+    and whole option names only: a shortened or half-typed option (``--meth``) is refused,
+    not taken for the option it begins."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        self.commands: dict[str, argparse.ArgumentParser] = {}
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args=None, namespace=None):
+        # Options nobody knows are reported by the sub-command they were given to.
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            command = self.commands.get(getattr(parsed, "command", None), self)
+            command.error(f"unrecognized arguments: {' '.join(unknown)}")
+        return parsed
+
+
 def build_parser() -> argparse.ArgumentParser:
     from .solvers.shallow_water._cases import CASES as SW_CASES
 
-    parser = argparse.ArgumentParser(prog="physjax", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="physjax", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"physjax {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -1122,6 +1148,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--output", help="PNG to write (default: next to the file)")
     pl.add_argument("--frame", type=int, default=None, help="frame index (default: last)")
     pl.set_defaults(func=_cmd_plot)
+    parser.commands = dict(sub.choices)
     return parser
 
 

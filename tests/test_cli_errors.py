@@ -360,3 +360,36 @@ def test_a_folder_given_as_the_picture_is_refused_with_a_picture_name(tmp_path, 
     assert code == 2 and "is a directory; give a file name like out.png" in err
     code, err = _error(capsys, ["shallow-water", *FAST, "--output", str(tmp_path)])
     assert code == 2 and "is a directory; give a file name like out.h5" in err
+
+
+@pytest.mark.parametrize(
+    "argv, match",
+    [
+        (["shallow-water", *FAST, "--nxx", "16"], "physjax shallow-water: error: unrecognized arg"),
+        (["shallow-water", *FAST, "--param", "gravity"], "--param takes NAME=VALUE, got 'gravity'"),
+        # a shortened option was taken for the one it begins (--meth ran as --method)
+        (["poisson", "--quiet", "--meth", "cg"], "physjax poisson: error: unrecognized arguments"),
+        (["shallow-water", *FAST, "--t-en", "7200"], "unrecognized arguments: --t-en 7200"),
+        (["plot", "x.h5", "--outptu", "a.png"], "physjax plot: error: unrecognized arguments"),
+    ],
+)
+def test_mistyped_options_one_line_naming_the_command(tmp_path, capsys, monkeypatch, argv, match):
+    """argparse printed the usage of the top-level command (or a whole usage block) above its
+    error, and accepted any unambiguous beginning of an option name."""
+    monkeypatch.chdir(tmp_path)
+    code, err = _error(capsys, argv)
+    assert code == 2
+    assert match in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.rstrip().endswith(f"(see physjax {argv[0]} --help)")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_resume_of_a_file_that_does_not_exist(tmp_path, capsys):
+    """It printed HDF5's open error (errno, flags) instead of saying the file was missing."""
+    out = tmp_path / "missing.h5"
+    code, err = _error(capsys, ["shallow-water", "--output", str(out), "--resume"])
+    assert code == 2
+    assert f"--resume: {str(out)!r} does not exist; there is no run to continue" in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert list(tmp_path.iterdir()) == []  # no file and no lock left

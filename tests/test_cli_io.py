@@ -763,7 +763,7 @@ def test_read_frame_and_append_errors_name_the_problem(tmp_path):
     text.write_text("not hdf5")
     with pytest.raises(ValueError, match="cannot read .* as a NetCDF4/HDF5 file"):
         read_frame(text)
-    with pytest.raises(ValueError, match="cannot read .* as a NetCDF4/HDF5 file"):
+    with pytest.raises(ValueError, match="file .*missing.h5' does not exist"):
         read_frame(tmp_path / "missing.h5")
     foreign = tmp_path / "foreign.h5"
     with h5py.File(foreign, "w") as f:
@@ -1209,7 +1209,10 @@ def test_param_refuses_settings_with_options_of_their_own(tmp_path, capsys, key,
         == 2
     )
     err = capsys.readouterr().err
-    assert f"--param {key}: {key} is not a physical parameter here; set it with {option}" in err
+    assert (
+        f"parameter {key} (--param, or the [parameters] table of --config): {key} is not a "
+        f"physical parameter here; set it with {option}"
+    ) in err
     assert not (tmp_path / "p.h5").exists()
 
 

@@ -597,6 +597,8 @@ def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
         with h5netcdf.File(path, "r") as f:
             attrs = {k: _decode(v) for k, v in f.attrs.items()}
             attrs["n_frames"] = _complete_frames(f) if "time" in f.dimensions else 0
+    except FileNotFoundError:
+        raise ValueError(f"file {path!r} does not exist") from None
     except OSError as e:
         raise ValueError(f"cannot read {path!r} as a NetCDF4/HDF5 file: {e}") from None
     for key in ("configuration", "parameters"):
@@ -620,7 +622,9 @@ def read_frame(path: str | os.PathLike, index: int = -1) -> dict[str, Any]:
     path = os.fspath(path)
     try:
         f = h5netcdf.File(path, "r")
-    except OSError as e:  # FileNotFoundError included
+    except FileNotFoundError:
+        raise ValueError(f"file {path!r} does not exist") from None
+    except OSError as e:
         raise ValueError(f"cannot read {path!r} as a NetCDF4/HDF5 file: {e}") from None
     with f:
         if "time" not in f.dimensions:
