@@ -504,3 +504,24 @@ def test_an_integer_for_a_float_parameter_is_kept_as_a_float():
     case = make_case("gravity-wave", nx=8, ny=8, mean_depth=50, mode_x=2)
     assert type(case.parameters["mean_depth"]) is float and case.parameters["mean_depth"] == 50.0
     assert type(case.parameters["mode_x"]) is int  # an integer parameter stays one
+
+
+def test_solve_diffrax_refuses_tolerances_its_controller_would_ignore():
+    """rtol=1e-12 beside a PIDController(rtol=1e-3) took the controller's steps without a
+    word (7 over an hour here, against 27 at rtol=1e-9), and a misspelt keyword was reported against an internal function's name."""
+    case = make_case("gravity-wave", nx=16, ny=16, precision="float64")
+    own = diffrax.PIDController(rtol=1e-3, atol=1e-6)
+    with pytest.raises(ValueError, match=r"rtol set the tolerances of the default step-size"):
+        case.model.solve_diffrax(case.state, 0.0, 100.0, rtol=1e-12, stepsize_controller=own)
+    with pytest.raises(ValueError, match=r"rtol, atol set the tolerances"):
+        case.model.solve_diffrax(
+            case.state, 0.0, 100.0, rtol=1e-9, atol=1e-9, stepsize_controller=own
+        )
+    with pytest.raises(TypeError, match=r"solve_diffrax\(\) got unexpected keyword .*\['tol'\]"):
+        case.model.solve_diffrax(case.state, 0.0, 100.0, tol=1e-6)
+    # the controller's own tolerances act: tighter ones take more steps
+    loose = case.model.solve_diffrax(case.state, 0.0, 3600.0, stepsize_controller=own)
+    tight = case.model.solve_diffrax(
+        case.state, 0.0, 3600.0, stepsize_controller=diffrax.PIDController(rtol=1e-9, atol=1e-12)
+    )
+    assert int(tight.stats["num_steps"]) > int(loose.stats["num_steps"])

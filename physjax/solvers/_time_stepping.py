@@ -165,8 +165,8 @@ def integrate_diffrax(
     solver: diffrax.AbstractSolver | None = None,
     dt0: float | None = None,
     saveat: diffrax.SaveAt | None = None,
-    rtol: float = 1e-6,
-    atol: float = 1e-8,
+    rtol: float | None = None,
+    atol: float | None = None,
     stepsize_controller: diffrax.AbstractStepSizeController | None = None,
     adjoint: diffrax.AbstractAdjoint | None = None,
     max_steps: int | None = 100_000,
@@ -175,7 +175,9 @@ def integrate_diffrax(
     given: pass what is differentiated, e.g. a model's parameters, through ``args`` rather than
     closing over it, as ``diffrax.BacksolveAdjoint`` needs).
 
-    Defaults: ``Tsit5`` with a PID step-size controller at ``rtol``/``atol``; pass
+    Defaults: ``Tsit5`` with a PID step-size controller at ``rtol``/``atol`` (default
+    ``1e-6``/``1e-8``; with a ``stepsize_controller`` of your own the tolerances are its
+    own, and ``rtol``/``atol`` given as well are refused rather than ignored); pass
     ``stepsize_controller=diffrax.ConstantStepSize()`` and ``dt0`` for fixed steps, and
     ``adjoint=diffrax.RecursiveCheckpointAdjoint()`` (the default) or
     ``diffrax.BacksolveAdjoint()`` for gradients through long runs.
@@ -183,7 +185,16 @@ def integrate_diffrax(
     term = diffrax.ODETerm(_VectorField(rhs, args is not None))
     solver = diffrax.Tsit5() if solver is None else solver
     if stepsize_controller is None:
-        stepsize_controller = diffrax.PIDController(rtol=rtol, atol=atol)
+        stepsize_controller = diffrax.PIDController(
+            rtol=1e-6 if rtol is None else rtol, atol=1e-8 if atol is None else atol
+        )
+    elif rtol is not None or atol is not None:
+        given = ", ".join(n for n, v in (("rtol", rtol), ("atol", atol)) if v is not None)
+        raise ValueError(
+            f"{given} set the tolerances of the default step-size controller; with "
+            f"stepsize_controller={type(stepsize_controller).__name__}(...) give them to it "
+            "instead (they would be ignored)"
+        )
     kwargs = {} if adjoint is None else {"adjoint": adjoint}
     return diffrax.diffeqsolve(
         term,
