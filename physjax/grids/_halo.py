@@ -91,7 +91,11 @@ def fill_halo(
       ``+1`` even (free-slip tangential velocity, scalars with zero normal flux), ``-1`` odd
       (no-slip tangential velocity, homogeneous Dirichlet, normal velocity). Default ``+1``
       at centres, ``-1`` on faces; a face along a walled axis is the normal component,
-      which vanishes on the wall, so only ``-1`` is accepted there.
+      which vanishes on the wall, so only ``-1`` is accepted there. Of such a field the
+      array holds faces ``0 … n−1``: face ``0`` lies on the low wall and is used as given
+      (the ghosts mirror about it as if it were zero), so keep it zero, as physjax's solvers
+      do in their states and tendencies; face ``n``, on the high wall, is not stored, and
+      its ghost is zero.
     - `width`: halo width (default ``grid.halo``).
 
     **Returns:** the field padded by ``width`` on every side of every axis, corners included.
