@@ -338,6 +338,20 @@ def test_a_float64_model_needs_x64():
             ShallowWater(grid, gravity=9.81, coriolis=1e-4)
 
 
+def test_a_decomposition_given_to_the_constructor_is_checked_like_on_mesh():
+    """Grid(..., mesh_shape=(3, 1)) of 4 rows was accepted with local blocks of 1 row (the
+    last row on no device); only on_mesh checked the split."""
+    with pytest.raises(ValueError, match="ny=4 cannot be split into 3 equal blocks"):
+        Grid((4, 4), (1.0, 1.0), mesh_axes=("y", "x"), mesh_shape=(3, 1))
+    with pytest.raises(ValueError, match="mesh_shape must be positive block counts"):
+        Grid((4, 4), (1.0, 1.0), mesh_axes=("y", "x"), mesh_shape=(0, 1))
+    with pytest.raises(ValueError, match="fewer than the halo width 2"):
+        Grid((4, 4), (1.0, 1.0), halo=2, mesh_axes=("y", "x"), mesh_shape=(4, 1))
+    g = Grid((4, 8), (1.0, 1.0), mesh_axes=("y", "x"), mesh_shape=(2, 4))
+    assert g.local_shape == (2, 2)
+    assert g == Grid((4, 8), (1.0, 1.0)).on_mesh(("y", "x"), (2, 4))
+
+
 def test_make_mesh_takes_a_0d_array_as_a_count():
     assert dict(make_mesh(np.array(4)).shape) == dict(make_mesh(4).shape) == {"y": 2, "x": 2}
     with pytest.raises(ValueError, match="devices must be a number of devices or a layout"):

@@ -508,7 +508,8 @@ def test_an_integer_for_a_float_parameter_is_kept_as_a_float():
 
 def test_solve_diffrax_refuses_tolerances_its_controller_would_ignore():
     """rtol=1e-12 beside a PIDController(rtol=1e-3) took the controller's steps without a
-    word (7 over an hour here, against 27 at rtol=1e-9), and a misspelt keyword was reported against an internal function's name."""
+    word (7 over an hour here, against 27 at rtol=1e-9), and a misspelt keyword was
+    reported against an internal function's name."""
     case = make_case("gravity-wave", nx=16, ny=16, precision="float64")
     own = diffrax.PIDController(rtol=1e-3, atol=1e-6)
     with pytest.raises(ValueError, match=r"rtol set the tolerances of the default step-size"):

@@ -195,6 +195,8 @@ class Grid(eqx.Module):
         self.halo = halo
         self.mesh_axes = (None,) * ndim if mesh_axes is None else tuple(mesh_axes)
         self.mesh_shape = (1,) * ndim if mesh_shape is None else tuple(int(m) for m in mesh_shape)
+        if len(self.mesh_shape) == ndim:  # a decomposition given here, as by on_mesh, divides
+            self._check_split()
         spacing = tuple(length / n for length, n in zip(self.extent, self.shape))
         if _spacing is not None:
             # A sub-grid (a strip of rows of a larger grid) keeps its parent's cell size to
@@ -293,7 +295,12 @@ class Grid(eqx.Module):
             raise ValueError(
                 f"mesh_axes and mesh_shape need {self.ndim} entries, got {mesh_axes}, {mesh_shape}"
             )
-        for name, n, m in zip(self.axis_names, self.shape, mesh_shape):
+        return self._with_mesh(mesh_axes, mesh_shape)
+
+    def _check_split(self) -> None:
+        if any(m < 1 for m in self.mesh_shape):
+            raise ValueError(f"mesh_shape must be positive block counts, got {self.mesh_shape}")
+        for name, n, m in zip(self.axis_names, self.shape, self.mesh_shape):
             if n % m != 0:
                 raise ValueError(
                     f"the mesh does not divide the grid: n{name}={n} cannot be split into {m} "
@@ -304,7 +311,6 @@ class Grid(eqx.Module):
                     f"n{name}={n} split {m} ways leaves {n // m} cells per device, fewer than "
                     f"the halo width {self.halo}"
                 )
-        return self._with_mesh(mesh_axes, mesh_shape)
 
     def unsharded(self) -> Grid:
         return self._with_mesh(None, None)
