@@ -332,6 +332,24 @@ def _axis_of(dim: str | None) -> str | None:
     return name if name in ("x", "y", "z") else None
 
 
+def _note_staggered_walls(field: dict, bc, names, extent, shape) -> None:
+    """A note on stderr for each walled axis along which the right-hand side lies on faces
+    (``zeta`` on a run's corners, ``v`` on its y faces): the solve takes the values as cell
+    centres, so its wall is half a cell beyond the first and last values, not where the
+    run's wall was (its first face lies on that wall)."""
+    for axis, (dim, b) in enumerate(zip(field["dims"], bc)):
+        if b == "periodic" or not (dim or "").lower().endswith("_f"):
+            continue
+        name = names[axis]
+        print(
+            f"physjax poisson: note: {field['spec']} lies on {name} faces ({dim}); its "
+            f"values are taken as cell centres, so the {b} boundaries are half a cell "
+            f"(d{name}/2 = {extent[axis] / shape[axis] / 2:g} m) beyond its first and last "
+            f"values, not on the walls of the run that wrote it (docs/poisson.md)",
+            file=sys.stderr,
+        )
+
+
 def _in_grid_order(field: dict, option: str) -> dict:
     """A field whose dimensions are named x, y (and z) is put in the grid's order (z,) y, x,
     transposed if it is stored otherwise; other names are taken by position."""
@@ -536,6 +554,8 @@ def _run(args, held: contextlib.ExitStack) -> int:
             f"--bc needs one condition or {ndim} (one per axis {','.join(names)}), got "
             f"{len(bc)}: {','.join(bc)}"
         )
+    if rhs is not None:
+        _note_staggered_walls(rhs, bc, names, extent, shape)
     if rhs is not None and s["case"] == "variable-coefficient" and coef is None:
         raise ValueError(
             "--case variable-coefficient defines its coefficient with its own right-hand "
@@ -727,7 +747,13 @@ def _run(args, held: contextlib.ExitStack) -> int:
                 else f"{s['case']} right-hand side, bc {','.join(bc)}"
             ),
             title="physjax poisson",
-            parameters={},
+            # the problem's sizes as a shallow-water file gives them (parameter_nx, …)
+            parameters={
+                **{f"n{n}": int(k) for n, k in zip(names, shape)},
+                **{f"L{n}": float(e) for n, e in zip(names, extent)},
+                "precision": s["precision"],
+                **({} if shift is None else {"shift": float(shift)}),
+            },
             configuration=config,
         ),
     )

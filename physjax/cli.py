@@ -445,7 +445,8 @@ def add_run_options(p: argparse.ArgumentParser, cases: list[str], default_case: 
         "--max-frames",
         dest="max_frames",
         type=int,
-        help="stop (resumably) after writing this many frames",
+        help="stop (resumably) after writing this many frames after the first (frame 0, "
+        "the initial state, is not counted; on --resume: this many more)",
     )
     p.add_argument(
         "--no-cfl-check",
@@ -681,6 +682,7 @@ def _run_shallow_water(
     if max_frames is not None:
         max_frames = _positive_number("--max-frames", max_frames, integer=True)
     relayout = None  # (the run's layout, the layout it continues on)
+    reversion = None  # (the physjax version the run began with, this one), when they differ
     output = settings.get("output")
     if output == "":
         raise ValueError("--output must name a file, got ''")
@@ -719,6 +721,10 @@ def _run_shallow_water(
             # equal an uninterrupted run's to round-off, not bit for bit. The file says so.
             relayout = (_layout(stored.get("devices")), _layout(given_devices))
             settings["devices"] = given_devices
+        from . import __version__
+
+        if attrs.get("physjax_version") not in (None, __version__):
+            reversion = (attrs["physjax_version"], __version__)
 
     # an empty string is not "no setting": it is refused below like any unknown value
     case_name = settings.get("case")
@@ -900,8 +906,13 @@ def _run_shallow_water(
                     f"{_shown_devices(relayout[0])}: from here the frames equal an "
                     f"uninterrupted run's to round-off, not bit for bit"
                 )
+            if reversion is not None:
+                history += (
+                    f" with physjax {reversion[1]}, where the run began with {reversion[0]}: "
+                    f"from here the frames may differ from an uninterrupted run's"
+                )
             writer = NetCDFWriter.reopen(output, grid, variables, history=history)
-            if relayout is not None:
+            if relayout is not None or reversion is not None:
                 print(f"physjax: {output}: {history}", file=sys.stderr)
             frames_before = read_attrs(output)["n_frames"]
         else:

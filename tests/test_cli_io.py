@@ -778,6 +778,95 @@ def test_read_frame_and_append_errors_name_the_problem(tmp_path):
     np.testing.assert_array_equal(read_frame(tmp_path / "w.h5")["h"], np.ones((4, 6)))
 
 
+def test_read_helpers_name_odd_inputs(tmp_path, capsys):
+    """A folder, a malformed attribute, a non-integer frame index and a file locked by its
+    writer each get their own message (a folder used to give HDF5's raw open error, a bad
+    `configuration` a bare JSON error, a locked file "cannot read ... as NetCDF4/HDF5")."""
+    import subprocess
+    import sys
+
+    from physjax.io import read_attrs, read_frame
+
+    with pytest.raises(ValueError, match=r"is a directory, not a NetCDF4/HDF5 file"):
+        read_attrs(tmp_path)
+    with pytest.raises(ValueError, match=r"is a directory, not a NetCDF4/HDF5 file"):
+        read_frame(tmp_path)
+    run = tmp_path / "run.h5"
+    args = ["shallow-water", "--case", "gravity-wave", "--n", "16", "--t-end", "3000", "--quiet"]
+    assert main([*args, "--output", str(run), "--max-frames", "2"]) == 0
+    for index in (True, 1.5, "1"):
+        with pytest.raises(TypeError, match=r"index must be an integer frame number"):
+            read_frame(run, index)
+    assert read_frame(run, np.int64(1))["step"] == read_frame(run, 1)["step"]
+    # a process holding HDF5's lock (as the writer does during an append): try again later
+    holder = subprocess.Popen(
+        [sys.executable, "-c", f"import h5py, time; f = h5py.File({str(run)!r}, 'a'); "
+         "print('open', flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "open"
+        for read in (read_attrs, read_frame):
+            with pytest.raises(BlockingIOError, match=r"is locked by a process writing it"):
+                read(run)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert read_attrs(run)["n_frames"] == 3
+    bad = tmp_path / "bad.h5"
+    bad.write_bytes(run.read_bytes())
+    with h5py.File(bad, "a") as f:
+        f.attrs["configuration"] = "{not json"
+    with pytest.raises(ValueError, match=r"bad.h5': the 'configuration' attribute is not valid"):
+        read_attrs(bad)
+    capsys.readouterr()
+    assert main(["shallow-water", "--resume", "--quiet", "--output", str(bad)]) == 2
+    assert "'configuration' attribute is not valid JSON" in capsys.readouterr().err
+    with h5py.File(bad, "a") as f:
+        f.attrs["n_frames"] = "abc"
+    with pytest.raises(ValueError, match=r"attribute n_frames must be an integer, got 'abc'"):
+        read_frame(bad)
+
+
+def test_resume_with_another_physjax_version_is_noted(tmp_path, capsys):
+    """Bit-for-bit equality is a promise of one version: a run continued by another says so
+    on stderr and in `history`, as a change of device layout does."""
+    import physjax
+
+    run = tmp_path / "run.h5"
+    args = ["shallow-water", "--case", "gravity-wave", "--n", "16", "--t-end", "3000", "--quiet"]
+    assert main([*args, "--output", str(run), "--max-frames", "1"]) == 0
+    resume = ["shallow-water", "--resume", "--quiet", "--output", str(run), "--max-frames", "1"]
+    capsys.readouterr()
+    assert main(resume) == 0  # same version: nothing said
+    assert "physjax" not in capsys.readouterr().err
+    with h5py.File(run, "a") as f:
+        f.attrs["physjax_version"] = "0.0.1"
+    assert main(resume) == 0
+    note = f"with physjax {physjax.__version__}, where the run began with 0.0.1"
+    assert note in capsys.readouterr().err
+    with xr.open_dataset(run) as ds:
+        assert ds.attrs["n_frames"] == 4  # the first frame, then one more per call
+        assert note in ds.attrs["history"] and ds.attrs["history"].count("resumed at") == 2
+
+
+def test_an_output_that_is_a_dangling_link_is_created_where_it_points(tmp_path):
+    """`check_writable` used to probe the link itself and refuse it: "File exists"."""
+    link, target = tmp_path / "link.h5", tmp_path / "target.h5"
+    link.symlink_to(target)
+    args = ["shallow-water", "--case", "gravity-wave", "--n", "16", "--t-end", "3000", "--quiet"]
+    assert main([*args, "--output", str(link)]) == 0
+    assert link.is_symlink() and target.is_file()
+    with xr.open_dataset(target) as ds:
+        assert ds.attrs["status"] == "complete"
+    nowhere = tmp_path / "nowhere.h5"
+    nowhere.symlink_to(tmp_path / "missing" / "t.h5")
+    with pytest.raises(ValueError, match=r"links to a missing file; .*folder .*missing' does not"):
+        from physjax.io import check_writable
+
+        check_writable(nowhere, "--output")
+
+
 def test_resume_compares_cfl_with_the_stored_one(tmp_path, capsys):
     """The CFL number a run chose its dt with is stored, so `--resume --cfl C` is accepted
     when C is the run's own (it was refused as differing from "a stored dt")."""

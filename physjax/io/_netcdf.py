@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import errno
 import json
 import os
 import secrets
@@ -188,6 +189,10 @@ def check_writable(path: str | os.PathLike, what: str = "output path") -> None:
     like ``/proc`` or ``/sys`` refuse files whatever their bits say."""
     example = "out.png" if os.fspath(path).lower().endswith(".png") else "out.h5"
     path = os.fspath(path)
+    if os.path.islink(path) and not os.path.exists(path):
+        # a dangling link: the file is created where it points (see NetCDFWriter._create)
+        check_writable(os.path.realpath(path), f"{what} {path!r} links to a missing file;")
+        return
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise ValueError(f"{what} {path!r} is a directory; give a file name like {example}")
@@ -538,12 +543,20 @@ def _check_appendable(f: h5netcdf.File, path: str, grid: Grid, variables) -> Non
             )
 
 
-def _complete_frames(f: h5netcdf.File) -> int:
+def _complete_frames(f: h5netcdf.File, path: str | None = None) -> int:
     """Frames whose every variable is written: the ``n_frames`` attribute (the length of the
     time axis in files written before it existed)."""
     size = f.dimensions["time"].size
     n = f.attrs.get("n_frames")
-    return size if n is None else min(int(n), size)
+    if n is None:
+        return size
+    try:
+        return min(int(n), size)
+    except (TypeError, ValueError):
+        where = f"{path!r}" if path else "the file"
+        raise ValueError(
+            f"{where}: attribute n_frames must be an integer, got {_decode(n)!r}"
+        ) from None
 
 
 def _drop_incomplete_frame(f: h5netcdf.File) -> None:
@@ -590,20 +603,43 @@ def _sgrid_topology(grid: Grid) -> dict[str, Any]:
     }
 
 
-def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
-    """Global attributes of a physjax file, with ``configuration``/``parameters`` decoded."""
-    path = os.fspath(path)
+def _open_for_reading(path: str) -> h5netcdf.File:
+    """``path`` opened read-only. ``ValueError`` for a missing path, a folder or a file that
+    is not NetCDF4/HDF5; ``BlockingIOError`` (an ``OSError``: wait and try again) while a
+    writer holds HDF5's lock on it, as it does during every append of a running file."""
+    if os.path.isdir(path):
+        raise ValueError(f"{path!r} is a directory, not a NetCDF4/HDF5 file")
     try:
-        with h5netcdf.File(path, "r") as f:
-            attrs = {k: _decode(v) for k, v in f.attrs.items()}
-            attrs["n_frames"] = _complete_frames(f) if "time" in f.dimensions else 0
+        return h5netcdf.File(path, "r")
     except FileNotFoundError:
         raise ValueError(f"file {path!r} does not exist") from None
     except OSError as e:
+        if isinstance(e, BlockingIOError) or "unable to lock file" in str(e):
+            raise BlockingIOError(
+                errno.EAGAIN,
+                f"{path!r} is locked by a process writing it (a frame being appended); "
+                "try again in a moment",
+            ) from None
         raise ValueError(f"cannot read {path!r} as a NetCDF4/HDF5 file: {e}") from None
+
+
+def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
+    """Global attributes of a physjax file, with ``configuration``/``parameters`` decoded.
+    Raises ``ValueError`` for a path that is missing, not a NetCDF4/HDF5 file or has a
+    malformed attribute, ``BlockingIOError`` while a frame is being appended."""
+    path = os.fspath(path)
+    with _open_for_reading(path) as f:
+        attrs = {k: _decode(v) for k, v in f.attrs.items()}
+        attrs["n_frames"] = _complete_frames(f, path) if "time" in f.dimensions else 0
     for key in ("configuration", "parameters"):
         if isinstance(attrs.get(key), str):
-            attrs[key] = json.loads(attrs[key])
+            try:
+                attrs[key] = json.loads(attrs[key])
+            except json.JSONDecodeError as e:
+                raise ValueError(
+                    f"{path!r}: the {key!r} attribute is not valid JSON ({e}); the file was "
+                    "not written by physjax, or has been altered"
+                ) from None
     return attrs
 
 
@@ -617,19 +653,16 @@ def _decode(v):
 
 def read_frame(path: str | os.PathLike, index: int = -1) -> dict[str, Any]:
     """One complete frame of every time-dependent variable, plus ``time`` and ``step``;
-    ``index`` counts complete frames only (``-1``: the last). Raises ``ValueError`` for a
-    file that is missing, not NetCDF4/HDF5, or has no time axis."""
+    ``index`` (an integer) counts complete frames only (``-1``: the last). Raises
+    ``ValueError`` for a file that is missing, not NetCDF4/HDF5, or has no time axis,
+    ``BlockingIOError`` while a frame is being appended."""
     path = os.fspath(path)
-    try:
-        f = h5netcdf.File(path, "r")
-    except FileNotFoundError:
-        raise ValueError(f"file {path!r} does not exist") from None
-    except OSError as e:
-        raise ValueError(f"cannot read {path!r} as a NetCDF4/HDF5 file: {e}") from None
-    with f:
+    if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+        raise TypeError(f"index must be an integer frame number, got {index!r}")
+    with _open_for_reading(path) as f:
         if "time" not in f.dimensions:
             raise ValueError(f"{path!r} has no time axis: not a physjax output file with frames")
-        n = _complete_frames(f)
+        n = _complete_frames(f, path)
         if n == 0:
             raise ValueError(f"{os.fspath(path)!r} holds no frame")
         if not -n <= index < n:

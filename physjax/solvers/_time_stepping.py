@@ -8,7 +8,7 @@ solver, adaptive steps (PID controller) and checkpointed adjoints for long gradi
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import diffrax
 import equinox as eqx
@@ -18,6 +18,10 @@ from jax import lax
 
 PyTree = Any
 RHS = Callable[[PyTree, jax.Array], PyTree]
+
+#: ``integrate_diffrax``'s step limit, and the one it takes when every step is saved
+#: (diffrax's own default: its output is padded to ``max_steps`` frames).
+DEFAULT_MAX_STEPS, STEPS_SAVED_MAX_STEPS = 100_000, 4096
 #: ``(S, step_S)``: a function that takes ``S`` fixed steps at once (see ``advance``).
 Block = tuple[int, Callable]
 
@@ -169,7 +173,7 @@ def integrate_diffrax(
     atol: float | None = None,
     stepsize_controller: diffrax.AbstractStepSizeController | None = None,
     adjoint: diffrax.AbstractAdjoint | None = None,
-    max_steps: int | None = 100_000,
+    max_steps: int | None | Literal["default"] = "default",
 ) -> diffrax.Solution:
     """Integrate ``dy/dt = rhs(y, t)`` with diffrax (``rhs(y, t, args)`` when ``args`` is
     given: pass what is differentiated, e.g. a model's parameters, through ``args`` rather than
@@ -181,6 +185,12 @@ def integrate_diffrax(
     ``stepsize_controller=diffrax.ConstantStepSize()`` and ``dt0`` for fixed steps, and
     ``adjoint=diffrax.RecursiveCheckpointAdjoint()`` (the default) or
     ``diffrax.BacksolveAdjoint()`` for gradients through long runs.
+
+    ``max_steps`` defaults to 100 000, or to diffrax's own 4096 when ``saveat`` asks for
+    every step (``SubSaveAt(steps=True)``): diffrax then pads its output to ``max_steps``
+    frames, which at 100 000 would be 100 000 copies of the state (79 GB for a 256² float32
+    shallow-water state). Give ``max_steps`` to choose (``None``: no limit, which
+    ``steps=True`` and the default adjoint do not allow).
     """
     term = diffrax.ODETerm(_VectorField(rhs, args is not None))
     solver = diffrax.Tsit5() if solver is None else solver
@@ -196,6 +206,11 @@ def integrate_diffrax(
             "instead (they would be ignored)"
         )
     kwargs = {} if adjoint is None else {"adjoint": adjoint}
+    saveat = saveat or diffrax.SaveAt(t1=True)
+    if max_steps == "default":
+        subs = jax.tree.leaves(saveat.subs, is_leaf=lambda x: isinstance(x, diffrax.SubSaveAt))
+        every_step = any(getattr(sub, "steps", False) for sub in subs)
+        max_steps = STEPS_SAVED_MAX_STEPS if every_step else DEFAULT_MAX_STEPS
     return diffrax.diffeqsolve(
         term,
         solver,
@@ -204,7 +219,7 @@ def integrate_diffrax(
         dt0=dt0,
         y0=y0,
         args=args,
-        saveat=saveat or diffrax.SaveAt(t1=True),
+        saveat=saveat,
         stepsize_controller=stepsize_controller,
         max_steps=max_steps,
         **kwargs,

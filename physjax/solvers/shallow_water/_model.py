@@ -269,6 +269,12 @@ class ShallowWater(eqx.Module):
             )
         if boundary not in ("free-slip", "no-slip"):
             raise ValueError(f"boundary must be 'free-slip' or 'no-slip', got {boundary!r}")
+        if boundary == "no-slip" and all(grid.periodic):
+            # nothing would hold the fluid: a setting without effect is a mistake to report
+            raise ValueError(
+                "boundary='no-slip' sets the condition at walls, and this grid has none "
+                "(periodic on every axis); give Grid(periodic=...) a walled axis"
+            )
         if scheme not in SCHEMES or scheme == "euler":
             raise ValueError(f"scheme must be 'ssprk3' or 'rk4', got {scheme!r}")
         if strip_rows is not None:
