@@ -572,8 +572,25 @@ def test_bad_input_errors():
         solve(np.ones((16, 16)) * 1j, walls)
     with pytest.raises(ValueError, match="coefficient must be real"):
         PoissonSolver(walls, "dirichlet", "cg", coefficient=np.ones((16, 16)) + 0j)
-    with pytest.raises(ValueError, match="smoothing must be two sweep counts"):
-        PoissonSolver(walls, "dirichlet", "cg", smoothing=3)
+    for smoothing in (3, (1.5, 2.7), (True, 2)):  # 1.5 sweeps were taken as 1
+        with pytest.raises(ValueError, match=r"smoothing must be two integer sweep counts"):
+            PoissonSolver(walls, "dirichlet", "cg", smoothing=smoothing)
+    assert PoissonSolver(walls, "dirichlet", "cg", smoothing=(np.int64(1), 1)).smoothing == (1, 1)
+    # f and coefficient that are no arrays: named, not jax's conversion errors
+    for bad in ("abc", None, [[1.0, 2.0], [3.0]]):
+        with pytest.raises(ValueError, match=r"^f must be a real array of the grid's shape"):
+            solve(bad, walls)
+    for bad in ("one", [[1.0, 2.0], [3.0]]):
+        with pytest.raises(ValueError, match=r"^coefficient must be (real|a positive number)"):
+            PoissonSolver(walls, "dirichlet", "cg", coefficient=bad)
+    # wall values: True is not 1, and NaN/Inf given as numbers is named (spectral returned NaN)
+    with pytest.raises(ValueError, match=r"entries must be real numbers .* got True"):
+        solve(np.zeros((16, 16)), walls, boundary_values={"x": (True, 1.0)})
+    for pair, side, count in (((np.nan, 1.0), "low", 1), ((0.0, np.full(16, np.inf)), "high", 16)):
+        with pytest.raises(
+            ValueError, match=rf"boundary_values\['x'\] \({side} wall\) has {count} non-finite"
+        ):
+            solve(np.zeros((16, 16)), walls, boundary_values={"x": pair})
     # CG stalled with a one-sided V-cycle (100 iterations, not converged)
     with pytest.raises(ValueError, match=r"smoothing=\(1, 0\): method='cg' needs a symmetric"):
         PoissonSolver(walls, "dirichlet", "cg", smoothing=(1, 0))

@@ -194,14 +194,19 @@ class PoissonSolver(eqx.Module):
             or max_iterations < 1
         ):
             raise ValueError(f"max_iterations must be a positive integer, got {max_iterations!r}")
+        given_smoothing = smoothing
         try:
+            if not all(
+                isinstance(s, (int, np.integer)) and not isinstance(s, bool) for s in smoothing
+            ):  # 1.5 sweeps was taken as 1
+                raise TypeError
             smoothing = tuple(int(s) for s in smoothing)
-        except (TypeError, ValueError):
+        except TypeError:
             smoothing = (-1,)  # reported below
         if len(smoothing) != 2 or min(smoothing) < 0 or sum(smoothing) < 1:
             raise ValueError(
-                f"smoothing must be two sweep counts (before, after), ≥ 0 and not both 0, "
-                f"got {smoothing}"
+                f"smoothing must be two integer sweep counts (before, after), ≥ 0 and not "
+                f"both 0, got {given_smoothing!r}"
             )
         if method == "cg" and smoothing[0] != smoothing[1]:
             raise ValueError(
@@ -253,11 +258,21 @@ class PoissonSolver(eqx.Module):
                     "'multigrid'; for one number a, ∇·(a∇u) = f is ∇²u = f/a (a shift C "
                     "becomes C/a), which spectral solves exactly"
                 )
-            if jnp.iscomplexobj(coefficient):
+            if isinstance(coefficient, (str, bytes)):
+                raise ValueError(f"coefficient must be real (and > 0), got {coefficient!r:.80}")
+            try:
+                given = jnp.asarray(coefficient)
+            except (TypeError, ValueError) as err:  # ragged lists, objects
+                raise ValueError(
+                    f"coefficient must be a positive number or a real array of the grid's "
+                    f"shape {grid.shape}, got {coefficient!r:.80} ({err!s:.80})"
+                ) from None
+            if jnp.iscomplexobj(given):
                 raise ValueError("coefficient must be real (and > 0), got a complex array")
-            if jnp.asarray(coefficient).dtype == bool:  # True is not a coefficient of 1
-                raise ValueError("coefficient must be real (and > 0), got dtype bool")
-            coefficient = jnp.asarray(coefficient, grid.dtype)
+            if given.dtype == bool or not jnp.issubdtype(given.dtype, jnp.number):
+                # True is not a coefficient of 1
+                raise ValueError(f"coefficient must be real (and > 0), got dtype {given.dtype}")
+            coefficient = given.astype(grid.dtype)
             if coefficient.ndim == 0:  # a constant: the same at every cell
                 coefficient = jnp.broadcast_to(coefficient, grid.shape)
             if coefficient.shape != grid.shape:
@@ -359,7 +374,15 @@ class PoissonSolver(eqx.Module):
         return self.shift is None and is_singular(self.bc)
 
     def _check_field(self, f, name: str) -> jax.Array:
-        f = jnp.asarray(f)
+        wanted = f"a real array of the grid's shape {self.grid.shape}"
+        if f is None or isinstance(f, (str, bytes)):
+            raise ValueError(f"{name} must be {wanted}, got {f!r:.80}")
+        try:
+            f = jnp.asarray(f)
+        except (TypeError, ValueError) as err:  # ragged lists, objects
+            raise ValueError(f"{name} must be {wanted}, got {f!r:.80} ({err!s:.80})") from None
+        if not (jnp.issubdtype(f.dtype, jnp.number) or f.dtype == bool):
+            raise ValueError(f"{name} must be {wanted}, got dtype {f.dtype}")
         if f.shape != self.grid.shape:
             raise ValueError(
                 f"{name} must have the grid's shape {self.grid.shape} "
@@ -724,10 +747,16 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
     if boundary_values is not None:
         # Python numbers would be static under eqx.filter_jit: a stepper passing new wall
         # values every step would then compile every step. As 0-d arrays they are traced.
+        # (a bool is left as it is, to be refused as no wall value: True is not 1)
         boundary_values = jax.tree.map(
-            lambda v: np.asarray(v, f.dtype) if isinstance(v, (int, float)) else v,
+            lambda v: (
+                np.asarray(v, f.dtype)
+                if isinstance(v, (int, float)) and not isinstance(v, bool)
+                else v
+            ),
             boundary_values,
         )
+        _check_finite_boundary_values(boundary_values)
     # arrays committed to one device would be refused by the compiled call's device check
     f, boundary_values, guess = place_on_mesh((f, boundary_values, guess), solver.grid, solver.mesh)
     prechecked = cls._precheck(solver, f, boundary_values)
@@ -759,6 +788,24 @@ def _solve_fast(solver: PoissonSolver, f, prechecked, in_graph, guess=None):
     u, info, stats = solver._solve_core(f, None, prechecked, True, in_graph, guess)
     sol = PoissonSolution(u, info.residual_norm, info.iterations, info.converged)
     return sol, info.converged, stats
+
+
+def _check_finite_boundary_values(boundary_values) -> None:
+    """Refuse NaN/Inf wall values given as numbers or NumPy arrays, by name (the spectral
+    path would otherwise return NaN). JAX arrays are left to the solve, which reports them
+    like a non-finite ``f``: reading them here would wait for the device at every call."""
+    if not isinstance(boundary_values, Mapping):
+        return  # reported by the solve's own checks
+    for name, pair in boundary_values.items():
+        for side, value in zip(("low", "high"), pair):
+            if value is None or isinstance(value, jax.Array):
+                continue
+            values = np.asarray(value)
+            if values.dtype.kind in "fc" and not np.all(np.isfinite(values)):
+                raise ValueError(
+                    f"boundary_values[{name!r}] ({side} wall) has "
+                    f"{int(np.sum(~np.isfinite(values)))} non-finite value(s) (NaN/Inf)"
+                )
 
 
 _SHIFT_NOT_POSITIVE = "shift must be finite and > 0 everywhere"
