@@ -416,9 +416,7 @@ def add_run_options(p: argparse.ArgumentParser, cases: list[str], default_case: 
         type=int,
         help="steps between frames (default: ~20 frames)",
     )
-    p.add_argument(
-        "--precision", metavar="{float32,float64}", help="float32 (default) or float64"
-    )
+    p.add_argument("--precision", metavar="{float32,float64}", help="float32 (default) or float64")
     p.add_argument(
         "--devices",  # checked with the config file's value, for one-line errors
         help="devices to split the grid over: a count (4) or layout (2x2)",

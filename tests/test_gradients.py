@@ -520,7 +520,7 @@ def test_error_bad_point_and_spatial():
 
 
 def test_error_model_configuration():
-    with pytest.raises(ValueError, match="depth"):
+    with pytest.raises(ValueError, match=r"depth \(number of hidden layers\) must be an int >= 1"):
         pg.MLP(2, 1, 8, 0, key=jax.random.key(0))
     with pytest.raises(ValueError, match="activation must be a callable or one of"):
         pg.MLP(2, 1, 8, 2, "relu6", key=jax.random.key(0))

@@ -287,8 +287,7 @@ def test_interior_keeps_batch_axes_and_zeros_is_local():
     out = interior(batch, g)
     assert out.shape == (3, 8, 8)
     np.testing.assert_array_equal(out[1], batch[1, 1:-1, 1:-1])
-    if jax.device_count() < 4:
-        pytest.skip("needs 4 (simulated) devices")
+    assert jax.device_count() >= 4, "needs 4 (simulated) devices: see tests/conftest.py"
     mesh = make_mesh(4)
     h = jnp.ones((8, 8), jnp.float32)
     z = shard_map_fields(lambda grid, h: h + grid.zeros(), g, mesh)(h)

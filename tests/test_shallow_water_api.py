@@ -506,7 +506,7 @@ def test_step_takes_state_and_dt_as_the_design_says(gyre):
     assert _max_diff(one, ref) <= 1e-15 * float(jnp.max(s.h))
     assert _max_diff(one, s) > 1e-6  # it did step
     assert _max_diff(jax.jit(lambda st: m.step(st, dt, t=3600.0))(s), one) == 0.0
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"step\(\) takes 3 positional arguments but 4"):
         m.step(s, 0.0, dt)
 
 
