@@ -374,15 +374,19 @@ class PoissonSolver(eqx.Module):
         return self.shift is None and is_singular(self.bc)
 
     def _check_field(self, f, name: str) -> jax.Array:
-        wanted = f"a real array of the grid's shape {self.grid.shape}"
+        def not_an_array(got: str) -> ValueError:
+            return ValueError(
+                f"{name} must be a real array of the grid's shape {self.grid.shape}, got {got}"
+            )
+
         if f is None or isinstance(f, (str, bytes)):
-            raise ValueError(f"{name} must be {wanted}, got {f!r:.80}")
+            raise not_an_array(f"{f!r:.80}")
         try:
             f = jnp.asarray(f)
         except (TypeError, ValueError) as err:  # ragged lists, objects
-            raise ValueError(f"{name} must be {wanted}, got {f!r:.80} ({err!s:.80})") from None
+            raise not_an_array(f"{f!r:.80} ({err!s:.80})") from None
         if not (jnp.issubdtype(f.dtype, jnp.number) or f.dtype == bool):
-            raise ValueError(f"{name} must be {wanted}, got dtype {f.dtype}")
+            raise not_an_array(f"dtype {f.dtype}")
         if f.shape != self.grid.shape:
             raise ValueError(
                 f"{name} must have the grid's shape {self.grid.shape} "
