@@ -6,14 +6,16 @@
 # Writes $OUT (the device tool's folder) or benchmarks/results. SIZES overrides the sizes
 # (a dry run on the CPU: SIZES="64 128" bash benchmarks/gpu_check.sh); PYTHON the
 # interpreter (default python3). physjax needs no install: the benchmark puts the
-# repository on sys.path; it needs jax, equinox, jaxtyping and numpy (not h5netcdf).
+# repository on sys.path; it needs jax (with its CUDA plugin), equinox, jaxtyping, diffrax
+# and numpy (not h5netcdf, xarray or matplotlib), checked first.
 set -euo pipefail
 out="${OUT:-benchmarks/results}"
 py="${PYTHON:-python3}"
 sizes="${SIZES:-1024 2048 4096}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-"$py" -c "import jax; print('jax', jax.__version__, jax.devices())" 2>&1 | tee "$out/gpu_env.log"
+"$py" -c "import diffrax, equinox, jaxtyping, numpy, jax; print('jax', jax.__version__, jax.devices())" \
+    2>&1 | tee "$out/gpu_env.log"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv \
     >> "$out/gpu_env.log" 2>&1 || true
 # shellcheck disable=SC2086  # sizes is a list
