@@ -166,9 +166,7 @@ def bench_physjax(n, dtype, steps, repeats=3):
         name: jax.jit(lambda s, mdl=mdl: mdl.advance(s, t0=0.0, dt=dt, n_steps=steps))
         for name, mdl in models.items()
     }
-    fns = {
-        name: lambda fn=fn: jax.block_until_ready(fn(state)) for name, fn in compiled.items()
-    }
+    fns = {name: lambda fn=fn: jax.block_until_ready(fn(state)) for name, fn in compiled.items()}
     times = {name: [] for name in fns}
     for _ in range(repeats):
         for name, fn in fns.items():
