@@ -861,6 +861,23 @@ def test_resume_with_another_physjax_version_is_noted(tmp_path, capsys):
         assert note in ds.attrs["history"] and ds.attrs["history"].count("resumed at") == 2
 
 
+def test_param_drag_on_a_case_without_it(tmp_path, capsys):
+    """`--param drag=...` on any case (it was an unknown parameter of the geostrophic
+    adjustment); the file records it, and a resume must give the same."""
+    out = tmp_path / "d.h5"
+    args = ["shallow-water", "--n", "16", "--t-end", "20000", "--quiet", "--output", str(out)]
+    assert main([*args, "--param", "drag=1e-5", "--max-frames", "1"]) == 0
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["parameter_drag"] == 1e-5 and ds.attrs["parameter_viscosity"] == 0.0
+    capsys.readouterr()
+    resume = ["shallow-water", "--resume", "--quiet", "--output", str(out)]
+    assert main([*resume, "--param", "drag=2e-5"]) == 2
+    assert "drag" in capsys.readouterr().err
+    assert main(resume) == 0
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["status"] == "complete"
+
+
 def test_an_output_that_is_a_dangling_link_is_created_where_it_points(tmp_path):
     """`check_writable` used to probe the link itself and refuse it: "File exists"."""
     link, target = tmp_path / "link.h5", tmp_path / "target.h5"

@@ -79,10 +79,17 @@ def _nonnegative(params: dict, *names: str) -> None:
             raise ValueError(f"parameter {name} must be a finite number >= 0, got {value!r}")
 
 
+def _damping(p: dict) -> dict:
+    """``drag`` and ``viscosity`` for the model, every case's parameters: 0 leaves the term
+    out of the compiled step (as a model built without it), any other value puts it in."""
+    _nonnegative(p, "drag", "viscosity")
+    return {name: p[name] or None for name in ("drag", "viscosity")}
+
+
 # ----------------------------------------------------------------- geostrophic adjustment
 def _geostrophic_adjustment(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
     _positive(p, "mean_depth", "radius", "width", "gravity")
-    model = ShallowWater(grid, gravity=p["gravity"], coriolis=p["coriolis"])
+    model = ShallowWater(grid, gravity=p["gravity"], coriolis=p["coriolis"], **_damping(p))
     y, x = grid.mesh_coordinates(CENTRE)
     xc, yc = grid.origin[1] + grid.extent[1] / 2, grid.origin[0] + grid.extent[0] / 2
     r = np.hypot(x - xc, y - yc)
@@ -160,13 +167,17 @@ def _balanced_jet(grid: Grid, p: dict) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _zonal_jet(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
+    damping = _damping(p)
     u, h = _balanced_jet(grid, p)
-    model = ShallowWater(grid, gravity=p["gravity"], coriolis=p["coriolis"], beta=p["beta"])
+    model = ShallowWater(
+        grid, gravity=p["gravity"], coriolis=p["coriolis"], beta=p["beta"], **damping
+    )
     return model, model.initial_state(h, u)
 
 
 def _barotropic_instability(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
-    _nonnegative(p, "viscosity", "perturbation")
+    _nonnegative(p, "perturbation")
+    damping = _damping(p)
     u, h = _balanced_jet(grid, p)
     # A small height bump along the jet axis, made of zonal modes 3-6 with fixed phases.
     y, x = grid.mesh_coordinates(CENTRE)
@@ -180,7 +191,7 @@ def _barotropic_instability(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowW
         gravity=p["gravity"],
         coriolis=p["coriolis"],
         beta=p["beta"],
-        viscosity=p["viscosity"],
+        **damping,
     )
     return model, model.initial_state(h, u)
 
@@ -241,7 +252,7 @@ def gravity_wave_mode(grid: Grid, *, mean_depth, gravity, coriolis, mode_x, mode
 def _gravity_wave(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
     _positive(p, "mean_depth", "gravity")
     _check_wave_resolved(grid, p["mode_x"], p["mode_y"])
-    model = ShallowWater(grid, gravity=p["gravity"], coriolis=p["coriolis"])
+    model = ShallowWater(grid, gravity=p["gravity"], coriolis=p["coriolis"], **_damping(p))
     k, l, _, a = gravity_wave_mode(
         grid,
         mean_depth=p["mean_depth"],
@@ -261,7 +272,7 @@ def _gravity_wave(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]
 # ------------------------------------------------------------------------- wind gyre
 def _wind_gyre(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
     _positive(p, "mean_depth", "gravity", "density")
-    _nonnegative(p, "viscosity", "drag")
+    damping = _damping(p)
     y, _ = grid.mesh_coordinates(X_FACE)
     tau_x = -p["wind_stress"] * np.cos(np.pi * (y - grid.origin[0]) / grid.extent[0])
     model = ShallowWater(
@@ -269,8 +280,7 @@ def _wind_gyre(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
         gravity=p["gravity"],
         coriolis=p["coriolis"],
         beta=p["beta"],
-        drag=p["drag"],
-        viscosity=p["viscosity"],
+        **damping,
         density=p["density"],
         wind_stress=(tau_x, np.zeros(grid.shape)),
         boundary=p["boundary"],
@@ -278,7 +288,9 @@ def _wind_gyre(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
     return model, model.initial_state(np.full(grid.shape, p["mean_depth"]))
 
 
-_COMMON = {"gravity": 9.81, "coriolis": 1e-4}
+#: Parameters of every case but the reduced-gravity ``wind-gyre`` (which sets its own);
+#: ``drag`` [1/s] and ``viscosity`` [m²/s] at 0 leave those terms out of the step.
+_COMMON = {"gravity": 9.81, "coriolis": 1e-4, "drag": 0.0, "viscosity": 0.0}
 
 
 def _ten_inertial_periods(p: dict[str, Any]) -> float:
