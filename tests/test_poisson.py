@@ -398,6 +398,7 @@ def test_checks_of_a_traced_sharded_solve_raise_on_every_device_without_a_gather
         jax.jit(lambda x: stalled(x))(f).block_until_ready()
 
 
+@pytest.mark.multidevice
 def test_grad_wrt_coefficient_on_a_mesh_equals_one_device():
     """The stopping rule's bound max(a) is a pmax on a mesh, which has no derivative rule:
     it is taken outside the differentiation (before, jax.grad raised NotImplementedError)."""
