@@ -2,8 +2,9 @@
 and MG-CG in a time stepper's sequence of solves from zero against from the previous step.
 
 Run: ``python benchmarks/poisson.py [--quick] [--only spectral|krylov|warm]``. Prints the
-tables and writes
-``benchmarks/results/poisson.json``. float64 throughout.
+tables and writes ``benchmarks/results/poisson.json`` (a partial run, ``--quick`` or
+``--only``, writes ``poisson_quick.json`` / ``poisson_<table>.json`` there instead, so that
+it never replaces the full run's file; ``--output`` chooses). float64 throughout.
 """
 
 from __future__ import annotations
@@ -278,8 +279,11 @@ def main():
     parser.add_argument(
         "--only", choices=("spectral", "krylov", "warm"), help="run one of the tables only"
     )
-    parser.add_argument("--output", default=str(Path(__file__).parent / "results" / "poisson.json"))
+    parser.add_argument("--output", help="results file (default: see above)")
     args = parser.parse_args()
+    if args.output is None:
+        name = "poisson_quick" if args.quick else f"poisson_{args.only}" if args.only else "poisson"
+        args.output = str(Path(__file__).parent / "results" / f"{name}.json")
     if args.quick:
         spec_sizes = [(256, 256), (64, 64, 64)]
         kry_sizes = [(256, 256)]
