@@ -64,7 +64,7 @@ def _select(ds, shown: str, frame: int | None):
         if not -n <= frame < n:
             raise ValueError(
                 f"--frame {frame} is out of range: {shown!r} has {n} frame"
-                f"{'s' if n != 1 else ''} (0 to {n - 1}, or -1 for the last)"
+                f"{'s' if n != 1 else ''} (0 to {n - 1}, or -1 to -{n} from the last)"
             )
         return ds.isel(time=frame % n)
     if frame is not None:
@@ -72,6 +72,42 @@ def _select(ds, shown: str, frame: int | None):
             f"--frame {frame}: {shown!r} has no time axis, so no frames to pick (leave --frame out)"
         )
     return ds
+
+
+def _time_text(t: float) -> str:
+    """A simulated time for a title: seconds below a day (no exponent), else days."""
+    if t >= 86400:
+        days = t / 86400
+        return f"{days:.3g} day{'' if round(days, 3) == 1 else 's'}"
+    return f"{t:.0f} s" if t >= 10 or t == int(t) else f"{t:.3g} s"
+
+
+def _colour_scale(data: np.ndarray, cmap: str):
+    """``(data, vmin, vmax, exponent, note)`` for a panel: the scale is taken from the
+    finite values only (NaN/Inf are drawn in the colour map's 'bad' colour and counted in
+    ``note``); a signed field gets a scale symmetric about zero, and a constant one says so;
+    ``exponent`` is the power of ten moved into the colour bar's label (or 0)."""
+    finite = np.isfinite(data)
+    bad = int(data.size - np.count_nonzero(finite))
+    note = f" ({bad} NaN/Inf cells, in grey)" if bad else ""
+    if not finite.any():
+        return np.zeros_like(data), -1.0, 1.0, 0, " (no finite value)"
+    values = data[finite]
+    lo, hi = float(values.min()), float(values.max())
+    if lo == hi:
+        note += f" (constant {lo:.3g})"
+    symmetric = cmap != "viridis"
+    vmax = max(abs(lo), abs(hi)) or 1.0
+    exponent = int(np.floor(np.log10(vmax)))
+    if abs(exponent) < 3:  # the power of ten goes into the label only when it is large
+        exponent = 0
+    scale = 10.0**exponent
+    data = np.where(finite, data, np.nan) / scale
+    if symmetric:
+        return data, -vmax / scale, vmax / scale, exponent, note
+    if lo == hi:
+        return data, lo / scale - 0.5, hi / scale + 0.5, exponent, note
+    return data, lo / scale, hi / scale, exponent, note
 
 
 def plot_panels(
@@ -105,7 +141,12 @@ def plot_panels(
         for name in names:
             var = sel[name]
             long_name = var.attrs.get("long_name", name)
-            panels.append((var, f"{name}: {long_name}", var.attrs.get("units", ""), "viridis"))
+            # a signed field (a solution, a residual, an error) on a scale centred on zero
+            values = np.asarray(var, dtype=float)
+            values = values[np.isfinite(values)]
+            signed = values.size and values.min() < 0 < values.max()
+            cmap = "RdBu_r" if signed else "viridis"
+            panels.append((var, f"{name}: {long_name}", var.attrs.get("units", ""), cmap))
     elif "h" in sel and "zeta" in sel:
         eta = sel["h"] + (sel["bottom"] if "bottom" in sel else 0)
         anomaly = eta - float(eta.mean())
@@ -128,8 +169,7 @@ def plot_panels(
         raise ValueError(f"{os.fspath(path)!r} has no 2-D variable to plot")
     title_time = ""
     if "time" in sel.coords or "time" in sel:
-        t = float(sel["time"])
-        title_time = f", t = {t / 86400:.3g} days" if t >= 86400 else f", t = {t:.4g} s"
+        title_time = f", t = {_time_text(float(sel['time']))}"
     fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False)
     for ax, (var, label, units, cmap) in zip(axes[0], panels):
         title = label
@@ -141,14 +181,12 @@ def plot_panels(
             var = var.isel({var.dims[0]: level})
             title = f"{title}\nat z = {z:.3g} m"
         x, y, xy_units = _axes(sel, var.dims[-2:])
-        data = np.asarray(var, dtype=float)
-        vmax = float(np.nanmax(np.abs(data))) or 1.0
-        exponent = int(np.floor(np.log10(vmax)))
-        if abs(exponent) >= 3:  # put the power of ten in the label, not over the bar
-            data, vmax = data / 10.0**exponent, vmax / 10.0**exponent
+        data, vmin, vmax, exponent, note = _colour_scale(np.asarray(var, dtype=float), cmap)
+        if exponent:  # the power of ten in the label, not over the bar
             units = f"$10^{{{exponent}}}$ {units}"
-        kwargs = {"vmin": -vmax, "vmax": vmax} if cmap != "viridis" else {}
-        im = ax.pcolormesh(x, y, data, cmap=cmap, shading="auto", **kwargs)
+        title += note
+        colours = plt.get_cmap(cmap).with_extremes(bad="0.5")  # NaN/Inf grey, not zero's white
+        im = ax.pcolormesh(x, y, data, cmap=colours, shading="auto", vmin=vmin, vmax=vmax)
         ax.set_aspect("equal")
         ax.set_xlabel(f"x [{xy_units}]")
         ax.set_ylabel(f"y [{xy_units}]")
@@ -156,11 +194,14 @@ def plot_panels(
         fig.colorbar(im, ax=ax, shrink=0.85, label=f"{label} [{units}]")
     case = sel.attrs.get("case", "")
     if sel.attrs.get("title") == "physjax poisson":
-        config = sel.attrs.get("configuration", "")
-        rhs = json.loads(config).get("rhs", "") if config else ""
-        case = f"poisson, {rhs or case}"
-    fig.suptitle(f"physjax {case}{title_time}")
+        config = json.loads(sel.attrs.get("configuration", "") or "{}")
+        case = f"poisson, {config.get('rhs') or case}"
+        if config.get("rhs_time") is not None:  # the frame of a run the rhs was taken from
+            case += f" (frame {config.get('frame')}, t = {_time_text(config['rhs_time'])})"
+    status = str(sel.attrs.get("status", ""))
+    failed = f"\nthe run {status}" if status.startswith("failed") else ""
+    fig.suptitle(f"physjax {case}{title_time}{failed}")
     fig.tight_layout()
-    fig.savefig(os.fspath(output), dpi=110)
+    fig.savefig(os.fspath(output), dpi=110, bbox_inches="tight")
     plt.close(fig)
     return os.fspath(output)

@@ -393,3 +393,38 @@ def test_resume_of_a_file_that_does_not_exist(tmp_path, capsys):
     assert f"--resume: {str(out)!r} does not exist; there is no run to continue" in err
     assert len(err.strip().splitlines()) == 1, err
     assert list(tmp_path.iterdir()) == []  # no file and no lock left
+
+
+def test_plot_of_non_finite_and_constant_fields(tmp_path, capsys):
+    """A field with Inf crashed `physjax plot` (OverflowError in the colour scale) and an
+    all-NaN frame gave "cannot convert float NaN to integer"; both now draw, the bad cells
+    in grey and counted in the panel's title."""
+    from physjax._plot import _colour_scale, _time_text
+
+    run = tmp_path / "w.h5"
+    args = ["shallow-water", "--case", "gravity-wave", "--n", "16", "--t-end", "3000", "--quiet"]
+    assert main([*args, "--output", str(run)]) == 0
+    for name, edit in (
+        ("inf", lambda h: h.__setitem__((-1, 5, 5), np.inf)),
+        ("nan", lambda h: h.__setitem__(-1, np.nan)),
+    ):
+        bad = tmp_path / f"{name}.h5"
+        bad.write_bytes(run.read_bytes())
+        with h5py.File(bad, "a") as f:
+            h = f["h"][...]
+            edit(h)
+            f["h"][...] = h
+        assert main(["plot", str(bad), "--output", str(tmp_path / f"{name}.png")]) == 0
+        assert (tmp_path / f"{name}.png").stat().st_size > 10_000
+    # the scale: finite values only, symmetric for a signed field on a diverging map
+    data = np.array([[-2e-5, 1e-5], [np.inf, np.nan]])
+    scaled, vmin, vmax, exponent, note = _colour_scale(data, "RdBu_r")
+    assert (vmin, vmax, exponent) == (-2.0, 2.0, -5) and "2 NaN/Inf cells" in note
+    assert np.isnan(scaled[1]).all() and scaled[0, 0] == -2.0
+    _, vmin, vmax, _, note = _colour_scale(np.array([3.0, 5.0]), "viridis")
+    assert (vmin, vmax, note) == (3.0, 5.0, "")
+    assert "(constant 0)" in _colour_scale(np.zeros(4), "PuOr_r")[4]
+    assert "(no finite value)" in _colour_scale(np.full(4, np.nan), "PuOr_r")[4]
+    assert [_time_text(t) for t in (0.0, 12000.0, 86400.0, 172800.0)] == [
+        "0 s", "12000 s", "1 day", "2 days"
+    ]  # fmt: skip
