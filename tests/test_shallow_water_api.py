@@ -225,7 +225,7 @@ def test_max_stable_dt_counts_linear_drag(adjust, scheme, damping):
 
 
 def test_weak_drag_leaves_dt_unchanged_and_viscosity_counts(gyre, adjust):
-    m, s, _ = gyre  # drag 1e-7, viscosity 500: dt as without the drag, to the last bit
+    m, s, _ = gyre  # drag 5e-7, viscosity 2500: dt as without the drag, to the last bit
     no_drag = ShallowWater(
         m.grid,
         gravity=m.gravity,

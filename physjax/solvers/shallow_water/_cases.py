@@ -351,7 +351,9 @@ CASES: dict[str, _CaseSpec] = {
             "jet_width": 250e3,
             "perturbation": 0.02,
             "viscosity": 2000.0,
-            "t_end": 8 * DAY,
+            # the fastest modes grow at ~0.9/day; the meander saturates and rolls up at
+            # days 9-11 (docs/shallow_water.md, "What the cases show")
+            "t_end": 12 * DAY,
         },
     ),
     "gravity-wave": _CaseSpec(
@@ -375,8 +377,12 @@ CASES: dict[str, _CaseSpec] = {
         "a closed reduced-gravity basin on a beta-plane spun up by a zonal wind stress: a "
         "subtropical gyre with a western boundary current",
         (128, 128),
+        # Ld = sqrt(g' H)/f = 100 km: long Rossby waves (beta Ld² = 0.2 m/s) cross the basin
+        # in 115-165 days, so the Sverdrup interior is set up within the year; Munk scale
+        # (nu/beta)^(1/3) = 50 km, three cells at the default 128²; drag spins down the
+        # basin modes in 23 days (docs/shallow_water.md, "What the cases show").
         {
-            "gravity": 0.02,
+            "gravity": 0.2,
             "coriolis": 1e-4,
             "beta": 2e-11,
             "Lx": 2000e3,
@@ -384,10 +390,10 @@ CASES: dict[str, _CaseSpec] = {
             "mean_depth": 500.0,
             "wind_stress": 0.1,
             "density": 1025.0,
-            "drag": 1e-7,
-            "viscosity": 500.0,
+            "drag": 5e-7,
+            "viscosity": 2500.0,
             "boundary": "free-slip",
-            "t_end": 180 * DAY,
+            "t_end": 360 * DAY,
         },
     ),
 }
