@@ -19,7 +19,7 @@ from physjax.grids import (
     interp_x_c2f,
     laplacian,
 )
-from physjax.parallel import make_mesh, shard, shard_map_fields
+from physjax.parallel import decompose, make_mesh, shard, shard_map_fields
 
 
 def test_grid_geometry():
@@ -190,6 +190,18 @@ def test_make_mesh_layouts_and_errors():
     with pytest.raises(ValueError, match="needs 2 positive entries"):
         make_mesh((2, 0))
     assert dict(make_mesh(4, ndim=3).shape) == {"z": 1, "y": 2, "x": 2}  # columns whole
+    # a layout gives its own number of axes; an explicit ndim must agree with it
+    assert dict(make_mesh((1, 2, 2)).shape) == {"z": 1, "y": 2, "x": 2}
+    assert dict(make_mesh((2, 1, 2), ndim=3).shape) == {"z": 2, "y": 1, "x": 2}
+    with pytest.raises(ValueError, match=r"needs 2 positive entries, one per grid axis \(y×x\)"):
+        make_mesh((1, 2, 2), ndim=2)
+    with pytest.raises(ValueError, match=r"needs 3 positive entries"):
+        make_mesh((2, 2), ndim=3)
+    with pytest.raises(ValueError, match="needs 2 positive entries"):
+        make_mesh((4,))
+    grid3 = Grid((4, 8, 8), (1.0, 1.0, 1.0), dtype="float64")
+    with pytest.raises(ValueError, match=r"named like the grid axes .*make_mesh\(n, ndim=3\)"):
+        decompose(grid3, make_mesh(4))  # a 2-D mesh for a 3-D grid
     for bad in (True, (2.5, 1), ("2", 1)):  # (2.5, 1) was truncated to a 2×1 mesh
         with pytest.raises(ValueError, match="devices must be a number of devices or a layout"):
             make_mesh(bad)

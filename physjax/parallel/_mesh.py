@@ -32,7 +32,7 @@ def _default_layout(n: int, ndim: int) -> tuple[int, ...]:
     return (p, q) if ndim == 2 else (1, p, q)
 
 
-def make_mesh(devices: int | Sequence[int] | None = None, ndim: int = 2) -> Mesh:
+def make_mesh(devices: int | Sequence[int] | None = None, ndim: int | None = None) -> Mesh:
     """A device mesh whose axes are named like the grid's: ``("y", "x")`` or ``("z", "y", "x")``.
 
     **Arguments:**
@@ -42,7 +42,8 @@ def make_mesh(devices: int | Sequence[int] | None = None, ndim: int = 2) -> Mesh
       suits thin layers and keeps vertical columns on one device), or the layout itself,
       e.g. ``(4, 1)`` or ``(2, 1, 2)`` — one positive integer per grid axis. Default: all
       available devices.
-    - `ndim`: 2 or 3, the grid's number of dimensions.
+    - `ndim`: 2 or 3, the grid's number of dimensions. Default: the layout's length when
+      a layout is given (``(1, 2, 2)`` is 3-D), else 2; when given, a layout must match it.
     """
     if isinstance(devices, Grid):
         raise TypeError(
@@ -50,7 +51,7 @@ def make_mesh(devices: int | Sequence[int] | None = None, ndim: int = 2) -> Mesh
             f"make_mesh(4, ndim={devices.ndim}) or make_mesh((2, 2)); solvers take the grid "
             "and the mesh separately (mesh=)"
         )
-    if ndim not in (2, 3):
+    if ndim is not None and ndim not in (2, 3):
         raise ValueError(f"ndim must be 2 or 3, got {ndim!r}")
     available = jax.devices()
     if devices is None:
@@ -60,6 +61,7 @@ def make_mesh(devices: int | Sequence[int] | None = None, ndim: int = 2) -> Mesh
     if isinstance(devices, (int, np.integer)) and not isinstance(devices, bool):
         if devices < 1:
             raise ValueError(f"devices must be a positive integer, got {devices}")
+        ndim = 2 if ndim is None else ndim
         layout = _default_layout(int(devices), ndim)
     else:
         entries = tuple(devices) if hasattr(devices, "__iter__") else (devices,)
@@ -68,10 +70,14 @@ def make_mesh(devices: int | Sequence[int] | None = None, ndim: int = 2) -> Mesh
             for d in entries
         ):
             raise ValueError(
-                f"devices must be a number of devices or a layout of {ndim} positive integers, "
+                "devices must be a number of devices or a layout of "
+                f"{ndim or '2 or 3'} positive integers, "
                 f"got {devices!r}"
             )
         layout = tuple(int(d) for d in entries)
+        if ndim is None and len(layout) in (2, 3):
+            ndim = len(layout)
+        ndim = 2 if ndim is None else ndim
         if len(layout) != ndim or any(d < 1 for d in layout):
             axes = "z×y×x" if ndim == 3 else "y×x"
             raise ValueError(
@@ -101,7 +107,8 @@ def decompose(grid: Grid, mesh: Mesh) -> Grid:
     if set(names) != set(grid.axis_names):
         raise ValueError(
             f"mesh axes {names} must be named like the grid axes {grid.axis_names}; "
-            "build it with physjax.parallel.make_mesh"
+            f"build it with physjax.parallel.make_mesh(n, ndim={grid.ndim}) or a layout of "
+            f"{grid.ndim} entries"
         )
     return grid.on_mesh(grid.axis_names, tuple(mesh.shape[a] for a in grid.axis_names))
 
