@@ -1135,7 +1135,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from .solvers.shallow_water._cases import CASES as SW_CASES
 
-    parser = _Parser(prog="physjax", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="physjax", description=__doc__.split("\n")[0].replace("``", ""))
     parser.add_argument("--version", action="version", version=f"physjax {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -1154,7 +1154,13 @@ def build_parser() -> argparse.ArgumentParser:
     if _cli_poisson is not None:
         _cli_poisson.add_parser(sub)
 
-    pl = sub.add_parser("plot", help="quick-look PNG of a physjax output file")
+    pl = sub.add_parser(
+        "plot",
+        help="quick-look PNG of a physjax output file",
+        description="Draw one frame of a physjax output file as a PNG: height anomaly and "
+        "relative vorticity for a shallow-water run, solution, residual and error (or f) for "
+        "a Poisson solve; a 3-D field at its middle z level.",
+    )
     pl.add_argument("file", help="a physjax .h5 file")
     pl.add_argument("--output", help="PNG to write (default: next to the file)")
     pl.add_argument("--frame", type=int, default=None, help="frame index (default: last)")

@@ -428,3 +428,22 @@ def test_plot_of_non_finite_and_constant_fields(tmp_path, capsys):
     assert [_time_text(t) for t in (0.0, 12000.0, 86400.0, 172800.0)] == [
         "0 s", "12000 s", "1 day", "2 days"
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        ([], "The physjax command: run cases"),
+        (["shallow-water"], "Run a rotating shallow-water case"),
+        (["poisson"], "Solve ∇·(a∇u) = f"),
+        (["plot"], "Draw one frame of a physjax output file as a PNG"),
+    ],
+)
+def test_every_command_says_what_it_does_in_its_help(capsys, argv, says):
+    """`physjax plot --help` had no description, and the top-level help showed the
+    docstring's reST markup (``physjax``)."""
+    with pytest.raises(SystemExit) as done:
+        main([*argv, "--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    assert says in out and "``" not in out
