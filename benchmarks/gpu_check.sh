@@ -7,7 +7,13 @@
 # (a dry run on the CPU: SIZES="64 128" bash benchmarks/gpu_check.sh); PYTHON the
 # interpreter (default python3). physjax needs no install: the benchmark puts the
 # repository on sys.path; it needs jax (with its CUDA plugin), equinox, jaxtyping, diffrax
-# and numpy (not h5netcdf, xarray or matplotlib), checked first.
+# and numpy (not h5netcdf, xarray or matplotlib), checked first. It also writes the compiled
+# step's HLO text at the largest size (hlo_N_float32.txt), for counting kernels and bytes.
+#
+# EXTRAS=1 adds, each under its own time limit and after the check: the README's default
+# shallow-water job run on the device through scripts/run_shallow_water.py (needs h5netcdf,
+# xarray, matplotlib and tqdm; its log and PNG), and the spectral table of
+# benchmarks/poisson.py (physjax on the device against scipy.fft on the host's CPU).
 set -euo pipefail
 out="${OUT:-benchmarks/results}"
 py="${PYTHON:-python3}"
@@ -20,4 +26,19 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=c
     >> "$out/gpu_env.log" 2>&1 || true
 # shellcheck disable=SC2086  # sizes is a list
 "$py" benchmarks/shallow_water.py --sizes $sizes --dtypes float32 --no-numpy \
-    --output "$out/shallow_water_gpu.json" 2>&1 | tee "$out/shallow_water_gpu.log"
+    --output "$out/shallow_water_gpu.json" --hlo "$out" 2>&1 | tee "$out/shallow_water_gpu.log"
+if [ "${EXTRAS:-0}" = 1 ]; then
+    set +e
+    export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+    work="$(mktemp -d)"
+    {
+        time timeout 120 "$py" scripts/run_shallow_water.py \
+            --output "$work/sw.h5" --plot "$out/sw_gpu.png"
+        echo "rc=$?"
+        "$py" -c "import sys, xarray; print(xarray.open_dataset(sys.argv[1]))" "$work/sw.h5"
+    } > "$out/cli_gpu.log" 2>&1
+    timeout 150 "$py" benchmarks/poisson.py --only spectral --output "$out/poisson_gpu.json" \
+        > "$out/poisson_gpu.log" 2>&1
+    echo "poisson rc=$?" >> "$out/poisson_gpu.log"
+    set -e
+fi

@@ -119,11 +119,15 @@ def make(n: int, dtype: str, strip_rows: int | None = None, strip_steps: int | N
 _FUSION = re.compile(r"^\s*(?:ROOT )?%\S+ = .*?\bfusion\(", re.M)
 
 
-def count_fusions(model, state, dt) -> int:
+def count_fusions(model, state, dt, hlo_path=None) -> int:
     """Fusion kernels in the compiled loop body of one RK3 step (inside the scan of 7
-    steps, a trip count no backend unrolls into the entry computation)."""
+    steps, a trip count no backend unrolls into the entry computation). ``hlo_path``: also
+    write the compiled program's text there."""
     fn = jax.jit(lambda s: model.advance(s, t0=0.0, dt=dt, n_steps=7))
     text = fn.lower(state).compile().as_text()
+    if hlo_path is not None:
+        with open(hlo_path, "w") as fh:
+            fh.write(text)
     blocks = re.findall(r"\n(%[^\n]*\{\n.*?\n\})", text, re.S)
     best = 0
     for block in blocks:
@@ -142,7 +146,7 @@ def steps_per_call(n: int) -> int:
     return max(12, int(work / n**2) // 12 * 12)
 
 
-def bench_physjax(n, dtype, steps, repeats=3):
+def bench_physjax(n, dtype, steps, repeats=3, hlo_path=None):
     """Seconds per step of the plain step, of strips advanced one step per visit and of
     strips advanced ``AUTO_STRIP_STEPS`` steps per visit, interleaved: each of ``repeats``
     rounds times each for ≥ 1 s; medians. On the CPU the strips are those the automatic
@@ -173,7 +177,7 @@ def bench_physjax(n, dtype, steps, repeats=3):
             times[name].append(_timeit(fn, 1.0, repeats=1) / steps)
     t = {name: float(np.median(v)) for name, v in times.items()}
     t_default = t["blocked" if auto else "plain"]
-    fusions = count_fusions(models["plain"], state, dt)
+    fusions = count_fusions(models["plain"], state, dt, hlo_path)
     return t_default, t, auto, candidates.get("blocked", (0,))[0], fusions
 
 
@@ -245,6 +249,11 @@ def main(argv=None):
     p.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
     p.add_argument("--no-numpy", action="store_true", help="skip the NumPy baseline")
     p.add_argument("--output", default=os.path.join(HERE, "results", "shallow_water.json"))
+    p.add_argument(
+        "--hlo",
+        metavar="DIR",
+        help="write the compiled step's HLO text of the largest size there (hlo_N_DTYPE.txt)",
+    )
     args = p.parse_args(argv)
 
     device = jax.devices()[0]
@@ -270,7 +279,10 @@ def main(argv=None):
     for dtype in args.dtypes:
         for n in args.sizes:
             steps = steps_per_call(n)
-            t_px, t_both, auto, strips, fusions = bench_physjax(n, dtype, steps)
+            hlo = None
+            if args.hlo and n == max(args.sizes):
+                hlo = os.path.join(args.hlo, f"hlo_{n}_{dtype}.txt")
+            t_px, t_both, auto, strips, fusions = bench_physjax(n, dtype, steps, hlo_path=hlo)
             t_plain = t_both["plain"]
             t_strips = t_both.get("blocked")
             t_strips1 = t_both.get("strips1")

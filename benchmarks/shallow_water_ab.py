@@ -18,7 +18,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # importing it tunes the allocator and enables x64
-from shallow_water import compiled_advance, interleaved  # noqa: E402
+import numpy as np  # noqa: E402
+from shallow_water import bandwidth, compiled_advance, count_fusions, interleaved, make  # noqa: E402
 
 
 def main(argv=None):
@@ -26,7 +27,20 @@ def main(argv=None):
     p.add_argument("variants", nargs="+", help="N:DTYPE:ROWS:STEPS")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--seconds", type=float, default=0.7)
+    p.add_argument(
+        "--bandwidth",
+        action="store_true",
+        help="also measure the copy-like stream a = a + 1 and print each variant's fraction "
+        "of it (minimum traffic 18 N² itemsize bytes per RK3 step)",
+    )
+    p.add_argument("--fusions", action="store_true", help="also count the plain steps' kernels")
     args = p.parse_args(argv)
+    copy_gbps = None
+    if args.bandwidth:
+        import jax
+
+        copy_gbps = bandwidth(0.5 if jax.default_backend() == "cpu" else 2.0)["jax_copy_GBps"]
+        print(f"copy-like stream a = a + 1: {copy_gbps:.1f} GB/s")
     fns = {}
     for v in args.variants:
         n, dtype, rows, steps = v.split(":")
@@ -34,7 +48,15 @@ def main(argv=None):
         steps = None if steps == "auto" else int(steps)
         fns[v] = compiled_advance(int(n), dtype, rows, steps)
     for v, (best, median) in interleaved(fns, args.rounds, args.seconds).items():
-        print(f"{v:>24}  best {best:6.2f}  median {median:6.2f} ns per cell-update")
+        line = f"{v:>24}  best {best:6.2f}  median {median:6.2f} ns per cell-update"
+        n, dtype, rows, _ = v.split(":")
+        if copy_gbps is not None:
+            bytes_per_cell = 18 * np.dtype(dtype).itemsize
+            line += f"  {100 * bytes_per_cell / median / copy_gbps:5.1f}% of copy bandwidth"
+        if args.fusions and rows in ("0", "auto"):
+            model, state, dt = make(int(n), dtype, None if rows == "auto" else int(rows))
+            line += f"  fusions/step {count_fusions(model, state, dt)}"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":
