@@ -2,6 +2,8 @@
 point, so that XLA:GPU fuses a stage into few kernels) computes the same thing as the CPU
 form (each intermediate computed once): term by term, over whole runs, and on a mesh."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -96,6 +98,18 @@ def test_runs_with_the_pointwise_form_equal_the_default(periodic, boundary, full
         assert _rel(a, b) < 1e-12
     # the run moved: the comparison is not between two copies of the initial state
     assert _rel(ref.h, state.h) > 1e-6
+
+
+@pytest.mark.parametrize("periodic", [True, (False, True)])
+def test_strips_with_the_pointwise_form_equal_the_plain_step(periodic):
+    # strips (the CPU's temporal blocking), which a user may ask for on a GPU: each strip's
+    # tendency reads its own rows of the Coriolis parameter
+    model, state, dt = _setup(periodic, full=True)
+    ref = model.advance(state, t0=0.0, dt=dt, n_steps=12)
+    strips = dataclasses.replace(model, strip_rows=12, strip_steps=3)
+    out = _advance(strips, state, dt, 12)
+    for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(out)):
+        assert _rel(a, b) < 1e-12
 
 
 @pytest.mark.multidevice
