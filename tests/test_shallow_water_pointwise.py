@@ -100,11 +100,10 @@ def test_runs_with_the_pointwise_form_equal_the_default(periodic, boundary, full
     assert _rel(ref.h, state.h) > 1e-6
 
 
-@pytest.mark.parametrize("periodic", [True, (False, True)])
-def test_strips_with_the_pointwise_form_equal_the_plain_step(periodic):
+def test_strips_with_the_pointwise_form_equal_the_plain_step():
     # strips (the CPU's temporal blocking), which a user may ask for on a GPU: each strip's
-    # tendency reads its own rows of the Coriolis parameter
-    model, state, dt = _setup(periodic, full=True)
+    # tendency reads its own rows of the Coriolis parameter, between walls along y
+    model, state, dt = _setup((False, True), full=True)
     ref = model.advance(state, t0=0.0, dt=dt, n_steps=12)
     strips = dataclasses.replace(model, strip_rows=12, strip_steps=3)
     out = _advance(strips, state, dt, 12)
