@@ -15,10 +15,11 @@ import argparse
 import os
 import sys
 
+import numpy as np
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # importing it tunes the allocator and enables x64
-import numpy as np  # noqa: E402
 from shallow_water import bandwidth, compiled_advance, count_fusions, interleaved, make  # noqa: E402
 
 
