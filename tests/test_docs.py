@@ -30,16 +30,19 @@ BLOCKS = list(_blocks())
 def _run(code, cwd, timeout=600):
     # As a user's fresh interpreter runs them: one CPU device (the suite's simulated four
     # are dropped, so `make_mesh(len(jax.devices()))` is a mesh of one) and XLA's default
-    # optimisation (conftest.py lowers it for the rest of the suite; the README's example
-    # ran 7x longer at level 0). Simulated devices are not kept even at two: beside the
-    # other test worker on a 2-core machine the README's 2000 sharded steps on two of them
-    # took 390-430 s instead of 4-7 s alone, 1.1 cores busy the whole time with the main
-    # thread in the run's compiled call (the devices' collectives meet between threads).
+    # optimisation and kernel emitters (conftest.py changes both for the rest of the suite;
+    # the README's example ran 7x longer at level 0). Simulated devices are not kept even at
+    # two: beside the other test worker on a 2-core machine the README's 2000 sharded steps
+    # on two of them took 390-430 s instead of 4-7 s alone, 1.1 cores busy the whole time
+    # with the main thread in the run's compiled call (the devices' collectives meet between
+    # threads).
     # Sharded runs equal to one device are tested in test_shallow_water.py and
     # test_poisson.py.
     flags = os.environ.get("XLA_FLAGS", "")
     flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", flags)
-    flags = flags.replace("--xla_backend_optimization_level=0", "").strip()
+    for fast in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
+        flags = flags.replace(fast, "")
+    flags = " ".join(flags.split())
     env = dict(os.environ, MPLBACKEND="Agg", XLA_FLAGS=flags)
     return subprocess.run(
         [sys.executable, "-c", code],
