@@ -14,6 +14,9 @@
 # shallow-water job run on the device through scripts/run_shallow_water.py (needs h5netcdf,
 # xarray, matplotlib and tqdm; its log and PNG), and the spectral table of
 # benchmarks/poisson.py (physjax on the device against scipy.fft on the host's CPU).
+# CARRY=1 (also run by EXTRAS=1) adds benchmarks/sw_padded_carry.py, the step with the
+# state kept padded through the run, against the package's step at the largest two sizes
+# (float32; kernel and copy counts, %copy; the compiled programs' text beside the others).
 set -euo pipefail
 out="${OUT:-benchmarks/results}"
 py="${PYTHON:-python3}"
@@ -27,6 +30,15 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=c
 # shellcheck disable=SC2086  # sizes is a list
 "$py" benchmarks/shallow_water.py --sizes $sizes --dtypes float32 --no-numpy \
     --output "$out/shallow_water_gpu.json" --hlo "$out" 2>&1 | tee "$out/shallow_water_gpu.log"
+if [ "${CARRY:-0}" = 1 ] || [ "${EXTRAS:-0}" = 1 ]; then
+    set +e
+    # shellcheck disable=SC2086  # sizes is a list
+    timeout 300 "$py" benchmarks/sw_padded_carry.py --sizes $(echo $sizes | tr ' ' '\n' | tail -2) \
+        --dtype float32 --output "$out/sw_padded_carry_gpu.json" --hlo "$out" \
+        > "$out/sw_padded_carry_gpu.log" 2>&1
+    echo "padded carry rc=$?" >> "$out/sw_padded_carry_gpu.log"
+    set -e
+fi
 if [ "${EXTRAS:-0}" = 1 ]; then
     set +e
     export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
