@@ -43,6 +43,9 @@ if os.environ.get("PHYSJAX_TEST_OPTIMIZE", "") in ("", "0") and (
     FAST_COMPILE = "--xla_backend_optimization_level=0"
     if _xla_accepts(LEGACY_EMITTERS):
         FAST_COMPILE += " " + LEGACY_EMITTERS
+    # for the tests that start a child process as the package runs, without these flags
+    # (the docs' examples, the strips' last bit); xdist workers inherit it
+    os.environ["PHYSJAX_TEST_FAST_FLAGS"] = FAST_COMPILE
 os.environ["XLA_FLAGS"] = (
     f"{_flags} --xla_force_host_platform_device_count=4 {FAST_COMPILE}".strip()
 )

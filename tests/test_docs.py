@@ -40,7 +40,7 @@ def _run(code, cwd, timeout=600):
     # test_poisson.py.
     flags = os.environ.get("XLA_FLAGS", "")
     flags = re.sub(r"--xla_force_host_platform_device_count=\d+", "", flags)
-    for fast in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
+    for fast in os.environ.get("PHYSJAX_TEST_FAST_FLAGS", "").split():
         flags = flags.replace(fast, "")
     flags = " ".join(flags.split())
     env = dict(os.environ, MPLBACKEND="Agg", XLA_FLAGS=flags)

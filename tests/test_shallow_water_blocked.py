@@ -26,17 +26,21 @@ NY, NX = 48, 40
 # contract a multiply-add where the default ones do not: the plain step and the strips then
 # agree to the last bit or two only. The last bit itself, as the package compiles, is checked
 # by test_one_step_strips_equal_the_plain_step_to_the_last_bit_under_xla_defaults.
-LAST_BIT = "--xla_cpu_use_fusion_emitters=false" not in os.environ.get("XLA_FLAGS", "")
+FAST_FLAGS = os.environ.get("PHYSJAX_TEST_FAST_FLAGS", "").split()
+LAST_BIT = "--xla_cpu_use_fusion_emitters=false" not in FAST_FLAGS
 
 
 def assert_same_bits(a, b):
-    """Bit for bit under XLA's default emitters; to a few units in the last place (relative to
-    the field's largest value) under the suite's fast-compiling ones."""
+    """Bit for bit under XLA's default emitters; to round-off (relative to the field's largest
+    value) under the suite's fast-compiling ones."""
     a, b = np.asarray(a), np.asarray(b)
     if LAST_BIT:
         np.testing.assert_array_equal(a, b)
     else:
-        tol = 16 * np.finfo(a.dtype).eps * 50  # 50 steps of a 1-ulp difference, 16× margin
+        # measured, relative to the field's largest value: h 7e-16 and u, v 4e-14 in float64
+        # after 30 steps (a 1-ulp difference in h moves u and v through g ∂h/∂x), h 4e-7 in
+        # float32 after 50; the round-off bound of the suite's other comparisons
+        tol = {np.float64: 1e-12, np.float32: 2e-6}[a.dtype.type]
         assert a.shape == b.shape and a.dtype == b.dtype
         assert np.max(np.abs(a - b)) <= tol * np.max(np.abs(a)), np.max(np.abs(a - b))
 
@@ -221,9 +225,12 @@ import dataclasses
 import jax
 jax.config.update("jax_enable_x64", True)
 import numpy as np
+import os
 import test_shallow_water_blocked as t
 
-assert t.LAST_BIT
+assert "fusion_emitters" not in os.environ.get("XLA_FLAGS", "")
+assert "optimization_level" not in os.environ.get("XLA_FLAGS", "")
+
 cases = [  # (periodic, strip rows, parameters, steps, dtype)
     (True, 16, t.FULL, 30, "float64"),  # doubly periodic, every term
     ((False, True), 12, dict(t.FULL, boundary="no-slip"), 30, "float64"),  # walls across
@@ -254,9 +261,10 @@ def test_one_step_strips_equal_the_plain_step_to_the_last_bit_under_xla_defaults
     process with XLA's default settings (the suite's fast-compiling flags removed), for
     periodic, channel, closed-basin and uneven strips and float32."""
     flags = os.environ.get("XLA_FLAGS", "")
-    for flag in ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false"):
+    for flag in FAST_FLAGS:
         flags = flags.replace(flag, "")
     env = dict(os.environ, XLA_FLAGS=" ".join(flags.split()), JAX_PLATFORMS="cpu")
+    env["PHYSJAX_TEST_FAST_FLAGS"] = ""
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(Path(__file__).parent), env.get("PYTHONPATH")) if p
     )
