@@ -585,3 +585,93 @@ def test_solve_diffrax_refuses_tolerances_its_controller_would_ignore():
         case.state, 0.0, 3600.0, stepsize_controller=diffrax.PIDController(rtol=1e-9, atol=1e-12)
     )
     assert int(tight.stats["num_steps"]) > int(loose.stats["num_steps"])
+
+
+def test_parameters_set_with_tree_at_are_checked_again_by_every_method():
+    """``eqx.tree_at`` skips the constructor: what it refuses is refused by the methods
+    (negative gravity was a bare 'math domain error', negative drag silent NaN, and one
+    field as wind_stress ran with its rows 0 and 1 as tau_x and tau_y)."""
+    g = Grid((8, 12), (1e6, 1e6), periodic=(False, True), dtype="float64")
+    m = ShallowWater(g, drag=1e-6)
+    s = m.initial_state(np.full(g.shape, 100.0))
+
+    def edit(name, value):
+        return eqx.tree_at(lambda q: getattr(q, name), m, value, is_leaf=lambda x: x is None)
+
+    for name, value, match in (
+        ("gravity", -9.81, r"^gravity must be > 0, got -9.81"),
+        ("drag", -1.0, r"^drag must be >= 0, got -1.0"),
+        ("density", jnp.asarray(np.nan), r"^density must be a finite number"),
+        ("viscosity", np.ones(3), r"^viscosity must be a scalar"),
+        ("wind_stress", np.ones(g.shape), r"^wind_stress must be a pair \(tau_x, tau_y\)"),
+        ("bottom", np.ones((12, 8)), r"^bottom must have the grid shape \(ny, nx\)=\(8, 12\)"),
+    ):
+        bad = edit(name, value)
+        for call in (
+            lambda bad=bad: bad.run(s, dt=100.0, n_steps=2),
+            lambda bad=bad: bad.advance(s, t0=0.0, dt=100.0, n_steps=2),
+            lambda bad=bad: bad.step(s, 100.0),
+            lambda bad=bad: bad.rhs(s),
+            lambda bad=bad: bad.max_stable_dt(s),
+            lambda bad=bad: bad.solve_diffrax(s, 0.0, 100.0),
+        ):
+            with pytest.raises(ValueError, match=match):
+                call()
+
+
+def test_a_parameter_of_another_float_dtype_is_taken_in_the_model_dtype():
+    """With x64 on, a float64 drag set on a float32 model (vmap over a float64 array,
+    grad at a NumPy float64) runs in float32 instead of failing in lax.scan."""
+    case = make_case("gravity-wave", nx=16, ny=16)  # float32
+    model = eqx.tree_at(lambda m: m.drag, case.model, 0.0, is_leaf=lambda x: x is None)
+
+    def final_u(r):
+        m = eqx.tree_at(lambda m: m.drag, model, r)
+        return m.run(case.state, dt=100.0, n_steps=2).states.u[-1].sum()
+
+    single = jax.vmap(final_u)(jnp.array([0.0, 1e-6], jnp.float32))
+    double = jax.vmap(final_u)(jnp.array([0.0, 1e-6], jnp.float64))
+    assert double.dtype == jnp.float32 and np.array_equal(single, double)
+    assert single[0] != single[1]
+    g64 = jax.grad(final_u)(np.float64(1e-6))
+    g32 = jax.grad(final_u)(np.float32(1e-6))
+    assert float(g64) == float(g32) and float(g32) != 0
+    bottom = np.zeros(case.model.grid.shape)  # float64 NumPy field
+    m = eqx.tree_at(lambda q: q.bottom, case.model, bottom, is_leaf=lambda x: x is None)
+    out = m.step(case.state, 100.0)
+    assert out.h.dtype == jnp.float32
+    assert np.array_equal(out.h, case.model.step(case.state, 100.0).h)
+
+
+def test_max_stable_dt_has_a_finite_gradient_without_rotation():
+    """At f = 0 the rotation limit is inactive: its division must not turn the gradient of a
+    run whose dt follows the model into NaN."""
+    case = make_case("geostrophic-adjustment", nx=16, ny=16, precision="float64", coriolis=0.0)
+    m, s = case.model, case.state
+
+    def with_f(f):
+        return eqx.tree_at(lambda q: q.coriolis, m, f)
+
+    assert float(jax.grad(lambda f: with_f(f).max_stable_dt(s))(0.0)) == 0.0
+
+    def loss(f):
+        mm = with_f(f)
+        dt = mm.max_stable_dt(s, 0.5)
+        return jnp.sum(mm.run(s, dt=dt, n_steps=3).states.u[-1] ** 2)
+
+    grad = float(jax.grad(loss)(0.0))
+    fd = float((loss(1e-7) - loss(-1e-7)) / 2e-7)  # 0: the run is even in f
+    scale = abs(float(jax.grad(loss)(1e-4)))  # ~2e3
+    assert np.isfinite(grad) and abs(grad - fd) <= 1e-9 * scale, (grad, fd, scale)
+
+
+def test_traced_counts_and_case_parameters_are_named_as_fixed_settings(adjust):
+    model, state, dt = adjust
+    with pytest.raises(
+        ValueError, match=r"^n_steps must be a fixed positive integer, not a traced"
+    ):
+        jax.jit(lambda n: model.run(state, dt=dt, n_steps=n))(4)
+    with pytest.raises(ValueError, match=r"^save_every must be a fixed positive integer"):
+        jax.jit(lambda n: model.run(state, dt=dt, n_steps=4, save_every=n))(2)
+    with pytest.raises(TypeError, match=r"^parameter amplitude must be a fixed number, not a"):
+        jax.jit(lambda a: make_case("gravity-wave", nx=16, ny=16, amplitude=a))(0.02)

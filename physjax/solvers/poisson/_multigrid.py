@@ -352,11 +352,15 @@ def prepare(
     singular: bool,
     dtype,
     shift: jax.Array | None = None,
+    coarse_shift: jax.Array | None = None,
 ) -> MultigridData:
     """Per-level coefficients, diagonals and colour masks (inside ``shard_map`` if split).
 
     ``shift``: the Helmholtz term (``A u = ∇·(a∇u) - shift u``), a scalar kept on every
-    level or a local cell-centred field averaged over the children like the coefficient."""
+    level or a local cell-centred field averaged over the children like the coefficient.
+    ``coarse_inverse``: the coarsest level's inverse prepared beforehand (``None``: made
+    here), for the scalar ``coarse_shift`` when that is given: where ``shift`` differs from
+    it, the inverse is made here instead."""
     faces, diags, reds, lines, shifts = [], [], [], [], []
     a = coefficient
     c = shift
@@ -384,10 +388,15 @@ def prepare(
                 c = average_children(c, level.halved)
             elif level.transition == "gather":
                 c = gather(c, g)
+
+    def make_inverse():
+        return dense_inverse(levels[-1].grid, parity, faces[-1], singular, dtype, shifts[-1])
+
     if coarse_inverse is None:
-        coarse_inverse = dense_inverse(
-            levels[-1].grid, parity, faces[-1], singular, dtype, shifts[-1]
-        )
+        coarse_inverse = make_inverse()
+    elif coarse_shift is not None:
+        stored = coarse_inverse
+        coarse_inverse = lax.cond(shift == coarse_shift, lambda: stored, make_inverse)
     return MultigridData(
         tuple(faces), tuple(diags), tuple(reds), coarse_inverse, tuple(lines), tuple(shifts)
     )

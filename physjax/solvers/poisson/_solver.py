@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Mapping
 from typing import Any, Literal
 
@@ -142,6 +143,7 @@ class PoissonSolver(eqx.Module):
     throw: bool = eqx.field(static=True)
     levels: tuple | None = eqx.field(static=True)
     coarse_inverse: Array | None
+    coarse_shift: Array | None
 
     def __init__(
         self,
@@ -312,6 +314,7 @@ class PoissonSolver(eqx.Module):
                         )
         self.levels = None
         self.coarse_inverse = None
+        self.coarse_shift = None
         if method != "spectral":
             levels = mg.build_hierarchy(local, max_coarse)
             spacing = grid.spacing
@@ -365,6 +368,8 @@ class PoissonSolver(eqx.Module):
                     grid.dtype,
                     self.shift,
                 )
+                # kept beside it: a shift edited later (eqx.tree_at) needs another inverse
+                self.coarse_shift = self.shift
 
     # ---------------------------------------------------------------- helpers
     @property
@@ -454,10 +459,11 @@ class PoissonSolver(eqx.Module):
         return self._require_compatible(f, *_mean_and_scale(f), f)
 
     # ------------------------------------------------------------------ solve
-    def _solve_local(self, grid: Grid, f, coefficient, coarse_inverse, guess=None, shift=None):
-        """Body run on each device (or once); ``grid`` is the local view. ``guess``: the
-        iterative methods' first iterate (a direct solve has no use for it). ``shift``: the
-        Helmholtz term (a scalar, or this device's block of a field)."""
+    def _solve_local(self, grid: Grid, f, coefficient, coarse, guess=None, shift=None):
+        """Body run on each device (or once); ``grid`` is the local view. ``coarse``: see
+        ``_stored_coarse``. ``guess``: the iterative methods' first iterate (a direct solve
+        has no use for it). ``shift``: the Helmholtz term (a scalar, or this device's block
+        of a field)."""
         bc = self.bc
         dtype = f.dtype
         c = None if shift is None else shift.astype(dtype)
@@ -473,8 +479,10 @@ class PoissonSolver(eqx.Module):
         parity = parity_of(bc)
         a = None if coefficient is None else coefficient.astype(dtype)
         levels = self.levels
-        inv = None if coarse_inverse is None else coarse_inverse.astype(dtype)
-        data = mg.prepare(levels, parity, a, inv, self.singular, dtype, c)
+        inv, made_for = (None, None) if coarse is None else coarse
+        inv = None if inv is None else inv.astype(dtype)
+        made_for = None if made_for is None else made_for.astype(dtype)
+        data = mg.prepare(levels, parity, a, inv, self.singular, dtype, c, made_for)
         cycle = mg.Multigrid(levels, parity, data, *self.smoothing, self.cycle)
         fine = levels[0].grid
         faces = data.faces[0]
@@ -556,14 +564,15 @@ class PoissonSolver(eqx.Module):
     def _run(self, f, coefficient, guess=None, shift=None):
         grid = _internal_grid(self.grid)
         fn = self._solve_local
+        coarse = self._stored_coarse(coefficient, shift)
         if self.mesh is None or self.mesh.size == 1:
-            return fn(grid, f, coefficient, self.coarse_inverse, guess, shift)
+            return fn(grid, f, coefficient, coarse, guess, shift)
         local = decompose(grid, self.mesh)
         spec = field_spec(grid, self.mesh)
         rep = PartitionSpec()
         info_spec = mg.IterativeInfo(rep, rep, rep)
         a_spec = None if coefficient is None else spec
-        inv_spec = None if self.coarse_inverse is None else rep
+        inv_spec = jax.tree.map(lambda _: rep, coarse)
         guess_spec = None if guess is None else spec
         # a field shift is split like the grid, a scalar one replicated
         shift_spec = None if shift is None else (spec if jnp.ndim(shift) else rep)
@@ -573,7 +582,19 @@ class PoissonSolver(eqx.Module):
             in_specs=(spec, a_spec, inv_spec, guess_spec, shift_spec),
             out_specs=(spec, info_spec),
             check_vma=False,
-        )(f, coefficient, self.coarse_inverse, guess, shift)
+        )(f, coefficient, coarse, guess, shift)
+
+    def _stored_coarse(self, coefficient, shift):
+        """``(coarse_inverse, coarse_shift)`` when the inverse prepared by the constructor
+        can serve the operator solved now, else ``None`` (the solve then makes its own).
+        It was made for no coefficient and a constant shift (or none); ``eqx.tree_at`` may
+        have set a coefficient or another kind of shift since. A scalar shift edited to
+        another value is told apart inside the solve, where its value is known."""
+        if self.coarse_inverse is None or coefficient is not None:
+            return None
+        if (shift is None) != (self.coarse_shift is None) or np.ndim(shift) > 0:
+            return None
+        return self.coarse_inverse, self.coarse_shift
 
     def _precheck(self, f, boundary_values) -> bool | None:
         """Configuration-level checks on a concrete (already shape-checked) ``f``, before
@@ -721,6 +742,7 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
     bound-method module at every attribute access, a noticeable part of a small solve.
     """
     cls = type(solver)
+    _check_edited_operator(solver)
     f = cls._check_field(solver, f, "f")
     if guess is not None:
         guess = cls._check_field(solver, guess, "initial_guess")
@@ -823,6 +845,31 @@ def _check_finite_boundary_values(boundary_values) -> None:
 
 
 _SHIFT_NOT_POSITIVE = "shift must be finite and > 0 everywhere"
+
+
+def _check_edited_operator(solver: PoissonSolver) -> None:
+    """The constructor's checks of ``coefficient`` and ``shift`` that cost nothing, again
+    (``eqx.tree_at`` skips ``__init__``): their shapes, and a scalar shift's value when it
+    has one. A coefficient field's values are read by the constructor only."""
+    shape = solver.grid.shape
+    a, c = solver.coefficient, solver.shift
+    if a is not None and tuple(np.shape(a)) != shape:
+        raise ValueError(
+            f"coefficient must have the grid's shape {shape}, got {np.shape(a)} (a constant "
+            f"coefficient c: jnp.full(grid.shape, c), or build a new PoissonSolver)"
+        )
+    if c is None:
+        return
+    if np.ndim(c) and tuple(np.shape(c)) != shape:
+        raise ValueError(
+            f"shift must be a scalar or have the grid's shape {shape}, got {np.shape(c)}"
+        )
+    if np.ndim(c) and solver.method == "spectral":
+        raise ValueError("a shift field (varying in space) is not supported by method='spectral'")
+    if not np.ndim(c) and is_concrete(c):
+        x = float(c)
+        if not (math.isfinite(x) and x > 0):
+            raise ValueError(f"{_SHIFT_NOT_POSITIVE}, got {x:g}")
 
 
 def _least(values: np.ndarray) -> str:

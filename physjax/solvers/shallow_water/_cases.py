@@ -418,6 +418,14 @@ def _check_type(name: str, value: Any, default: Any) -> None:
         ok, kind = integer, "an integer"
     else:
         ok, kind = integer or isinstance(value, (float, np.floating)), "a number"
+    if hasattr(value, "dtype") and not is_concrete(value):
+        raise TypeError(
+            f"parameter {name} must be a fixed number, not a traced value (make_case "
+            f"builds the case with NumPy before any transformation): to differentiate or "
+            f"vmap over a physical constant, build the case outside and set the constant on "
+            f"its model inside, e.g. eqx.tree_at(lambda m: m.drag, case.model, r) "
+            f"(docs/shallow_water.md)"
+        )
     if not ok:
         raise TypeError(
             f"parameter {name} must be {kind} (default {default!r}), got {value!r} "

@@ -317,14 +317,16 @@ class ShallowWater(eqx.Module):
                     f"next to the wall)"
                 )
         dt = grid.dtype
-        for name, value, low in (
-            ("gravity", gravity, ">0"),
-            ("coriolis", coriolis, None),
-            ("beta", beta, None),
-            ("density", density, ">0"),
-            ("drag", drag, ">=0"),
-            ("viscosity", viscosity, ">=0"),
-        ):
+        given = dict(
+            gravity=gravity,
+            coriolis=coriolis,
+            beta=beta,
+            density=density,
+            drag=drag,
+            viscosity=viscosity,
+        )
+        for name, low in _SCALAR_PARAMETERS:
+            value = given[name]
             if value is not None or name not in ("drag", "viscosity"):
                 _check_scalar(name, value, low=low)
         self.grid = grid
@@ -585,7 +587,7 @@ class ShallowWater(eqx.Module):
         dtype checked, as for every method taking a state)."""
         self._check_state(state, values=False)
         _check_time("t", t)
-        return self._rhs(state, t)
+        return self._in_grid_dtype()._rhs(state, t)
 
     def _rhs(self, state: ShallowWaterState, t) -> ShallowWaterState:
         # unchecked: also on a device's block, whose shape is not the grid's
@@ -611,7 +613,7 @@ class ShallowWater(eqx.Module):
         self._check_state(state, values=False)
         _check_time("dt", dt, positive=True)
         _check_time("t", t)
-        return _stepper(self)[0](state, t, dt)
+        return _stepper(self._in_grid_dtype())[0](state, t, dt)
 
     # -------------------------------------------------------------- diagnostics
     def mass(self, state: ShallowWaterState) -> Array:
@@ -675,6 +677,7 @@ class ShallowWater(eqx.Module):
         has values (and ``values``), one with NaN/Inf, (``thickness``) a thickness that is not
         positive, or (``walls``) normal flow through a wall. Returns the fields as NumPy arrays
         when they have values."""
+        self._check_parameters()
         if not isinstance(state, ShallowWaterState):
             raise TypeError(
                 f"state must be a physjax.solvers.ShallowWaterState (e.g. from "
@@ -724,6 +727,51 @@ class ShallowWater(eqx.Module):
                     )
         return fields
 
+    def _check_parameters(self) -> None:
+        """The constructor's checks of the physical constants (on their values when they have
+        them) and of the fields' shapes, again: a model edited with ``eqx.tree_at`` skips
+        ``__init__``. Every method that takes a state runs them first."""
+        for name, low in _SCALAR_PARAMETERS:
+            value = getattr(self, name)
+            if value is not None or name not in ("drag", "viscosity"):
+                _check_scalar(name, value, low=low)
+        g = self.grid
+        fields = [("bottom", self.bottom)]
+        ws = self.wind_stress
+        if ws is not None:
+            if not isinstance(ws, (tuple, list)) or len(ws) != 2:
+                raise ValueError(
+                    f"wind_stress must be a pair (tau_x, tau_y) of fields of the grid shape "
+                    f"(ny, nx)={g.shape}, got {_describe(ws)}"
+                )
+            fields += [("wind_stress[0] (tau_x)", ws[0]), ("wind_stress[1] (tau_y)", ws[1])]
+        for name, f in fields:
+            if f is None:
+                continue
+            if not hasattr(f, "shape") or not hasattr(f, "dtype"):
+                raise TypeError(f"{name} must be an array of shape {g.shape}, got {_describe(f)}")
+            if np.dtype(f.dtype).kind not in "iuf":
+                raise TypeError(f"{name} must be real numbers, got {_describe(f)}")
+            _check_field(name, f, g)
+
+    def _in_grid_dtype(self) -> ShallowWater:
+        """The model with its physical constants and fields in the grid's dtype: one set
+        with ``eqx.tree_at`` keeps the value's dtype (a float64 drag in a float32 model when
+        x64 is on, a Python float), which would otherwise promote the tendencies."""
+        dtype = np.dtype(self.grid.dtype)
+        old = [getattr(self, name) for name in _PARAMETERS]
+        new = jax.tree.map(
+            lambda x: x if getattr(x, "dtype", None) == dtype else jnp.asarray(x, dtype), old
+        )
+        if all(a is b for a, b in zip(jax.tree.leaves(old), jax.tree.leaves(new))):
+            return self
+        return eqx.tree_at(
+            lambda m: [getattr(m, name) for name in _PARAMETERS],
+            self,
+            new,
+            is_leaf=lambda x: x is None,
+        )
+
     def _parameters_concrete(self) -> bool:
         return all(
             is_concrete(x)
@@ -749,7 +797,8 @@ class ShallowWater(eqx.Module):
         damping = DAMPING_LIMITS[self.scheme]
         fields = self._check_state(state, walls=False)
         if fields is None or not self._parameters_concrete() or not is_concrete(cfl):
-            return self._max_stable_dt_traced(state, cfl, inv, limit, damping)
+            model = self._in_grid_dtype()
+            return model._max_stable_dt_traced(state, cfl, inv, limit, damping)
         depth = float(np.max(fields["h"]))
         speed = float(np.maximum(np.max(np.abs(fields["u"])), np.max(np.abs(fields["v"]))))
         c = math.sqrt(float(self.gravity) * depth) + speed
@@ -771,7 +820,8 @@ class ShallowWater(eqx.Module):
         speed = jnp.maximum(jnp.max(jnp.abs(state.u)), jnp.max(jnp.abs(state.v)))
         dt = limit / (2 * (jnp.sqrt(self.gravity * depth) + speed) * inv)
         f = jnp.abs(self.coriolis) + jnp.abs(self.beta) * g.extent[0] / 2
-        dt = jnp.where(f > 0, jnp.minimum(dt, limit / f), dt)
+        # the division guarded, so that its unused branch gives no NaN gradient at f = 0
+        dt = jnp.where(f > 0, jnp.minimum(dt, limit / jnp.where(f > 0, f, 1)), dt)
         nu = 0.0 if self.viscosity is None else self.viscosity
         r = 0.0 if self.drag is None else self.drag
         rate = r + 4 * nu * inv**2
@@ -895,7 +945,7 @@ class ShallowWater(eqx.Module):
         """The model and state placed on ``mesh`` (split like the grid): arrays committed to
         one device, e.g. by ``jax.device_put``, would otherwise be refused by the compiled
         call's device check."""
-        return place_on_mesh((self, state), self.grid, mesh)
+        return place_on_mesh((self._in_grid_dtype(), state), self.grid, mesh)
 
     def solve_diffrax(
         self,
@@ -964,6 +1014,18 @@ class ShallowWater(eqx.Module):
         return sol
 
 
+#: The physical constants of a ``ShallowWater`` and the bound each must respect.
+_SCALAR_PARAMETERS = (
+    ("gravity", ">0"),
+    ("coriolis", None),
+    ("beta", None),
+    ("density", ">0"),
+    ("drag", ">=0"),
+    ("viscosity", ">=0"),
+)
+#: Every physical parameter (array leaves, or ``None`` for a term left out).
+_PARAMETERS = tuple(name for name, _ in _SCALAR_PARAMETERS) + ("bottom", "wind_stress")
+
 #: ``solve_diffrax``'s default tolerances for a float32 model (float64: those of
 #: [`physjax.solvers.integrate_diffrax`][], 1e-6 / 1e-8).
 FLOAT32_RTOL, FLOAT32_ATOL = 1e-4, 1e-6
@@ -1012,6 +1074,12 @@ def _pointwise_core() -> bool:
 
 def _check_counts(n_steps, save_every) -> None:
     for name, n in (("n_steps", n_steps), ("save_every", save_every)):
+        if not is_concrete(n):
+            raise ValueError(
+                f"{name} must be a fixed positive integer, not a traced value: it sets the "
+                f"length of the compiled loop; inside jax.jit pass it as a static argument "
+                f"(static_argnums/static_argnames) or close over a Python int"
+            )
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"{name} must be a positive integer, got {n!r}")
     if n_steps % save_every:
