@@ -62,6 +62,19 @@ SETTING_TYPES = {
     "no_cfl_check": "boolean",
     "max_frames": "integer",
     "quiet": "boolean",
+    # physjax poisson
+    "rhs": "string",
+    "coefficient": "string",
+    "shift": "number",
+    "frame": "integer",
+    "bc": "names",
+    "method": "string",
+    "lx": "number",
+    "ly": "number",
+    "lz": "number",
+    "rtol": "number",
+    "max_iterations": "integer",
+    "compatibility": "string",
 }
 _TYPE_WORDS = {
     "string": "a string",
@@ -69,6 +82,7 @@ _TYPE_WORDS = {
     "number": "a number (an integer or a float)",
     "boolean": "true or false",
     "devices": 'a count like 4, or a layout like "2x2" or [2, 2]',
+    "names": 'a string like "dirichlet,periodic" or a list of strings',
 }
 
 #: Settings that exclude each other: given together in one place they are refused; one on the
@@ -89,6 +103,10 @@ def _has_type(value, kind: str) -> bool:
         return _is_int(value) or isinstance(value, float)
     if kind == "boolean":
         return isinstance(value, bool)
+    if kind == "names":
+        return isinstance(value, str) or (
+            isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
+        )
     # devices
     if isinstance(value, list):
         return bool(value) and all(_is_int(v) for v in value)
@@ -116,6 +134,15 @@ def load_config(
         raise ValueError(f"--config: {path!r} is not valid TOML: {e}") from None
     except OSError as e:
         raise ValueError(f"--config: {path!r} cannot be read: {e}") from None
+    spellings: dict[str, list[str]] = {}
+    for k in raw:
+        spellings.setdefault(k.replace("-", "_"), []).append(k)
+    twice = [names for names in spellings.values() if len(names) > 1]
+    if twice:  # t-end and t_end are one setting: TOML would keep both, the last one winning
+        raise ValueError(
+            f"--config: {' and '.join(repr(n) for n in twice[0])} in {path!r} are one setting "
+            f"spelled two ways; give it once"
+        )
     raw = {k.replace("-", "_"): v for k, v in raw.items()}
     unknown = sorted(set(raw) - set(allowed) - ({"parameters"} if parameters else set()))
     if unknown:
@@ -328,12 +355,18 @@ def _record_of(writer, step0: int) -> tuple[int, int]:
     return frames, step0 if last is None else last
 
 
+#: Signals that end a run at once, keeping its frames: SIGTERM (a batch system's time limit,
+#: ``kill``) and SIGHUP (the terminal closed under a run started without ``nohup``).
+_TERMINATING = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
+
+
 class _StopRequest:
     """While active (in the main thread), a first Ctrl-C (SIGINT) only asks the run to stop
     at the next frame boundary, so that it never lands inside a write; a second one raises
-    ``KeyboardInterrupt`` at once. A SIGTERM (a batch system's time limit, ``kill``) stops
-    at once like a second Ctrl-C: what follows it is usually a SIGKILL a few seconds later,
-    too soon to finish a frame. Calling the object tells whether a stop was asked for."""
+    ``KeyboardInterrupt`` at once. A SIGTERM (a batch system's time limit, ``kill``) or a
+    SIGHUP (the terminal closed) stops at once like a second Ctrl-C: what follows a SIGTERM
+    is usually a SIGKILL a few seconds later, too soon to finish a frame. Calling the object
+    tells whether a stop was asked for."""
 
     def __init__(self):
         self.requested = False
@@ -345,18 +378,20 @@ class _StopRequest:
         return self.requested
 
     def shield(self) -> None:
-        """Ignore Ctrl-C and SIGTERM from now until the context ends: the few file operations
-        that record an interrupted run must not be cut short themselves."""
+        """Ignore Ctrl-C, SIGTERM and SIGHUP from now until the context ends: the few file
+        operations that record an interrupted run must not be cut short themselves."""
         if self._installed:
             signal.signal(signal.SIGINT, signal.SIG_IGN)
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            for signum in _TERMINATING:
+                signal.signal(signum, signal.SIG_IGN)
 
     def _terminate(self, signum, frame):
         # Also asked as a stop at the next frame: an exception raised while Python runs a
         # garbage-collector or weakref callback (jax has some) is dropped, not propagated;
         # `_unraisable` keeps that from printing a traceback.
         self.requested = True
-        print("\nterminated (SIGTERM): stopping now", file=sys.stderr, flush=True)
+        name = signal.Signals(signum).name
+        print(f"\nterminated ({name}): stopping now", file=sys.stderr, flush=True)
         raise KeyboardInterrupt
 
     def _handle(self, signum, frame):
@@ -379,7 +414,7 @@ class _StopRequest:
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
             self._previous = signal.signal(signal.SIGINT, self._handle)
-            self._previous_term = signal.signal(signal.SIGTERM, self._terminate)
+            self._previous_term = {s: signal.signal(s, self._terminate) for s in _TERMINATING}
             self._previous_hook = sys.unraisablehook
             sys.unraisablehook = self._unraisable
             self._installed = True
@@ -391,8 +426,8 @@ class _StopRequest:
             signal.signal(
                 signal.SIGINT, signal.default_int_handler if previous is None else previous
             )
-            term = self._previous_term
-            signal.signal(signal.SIGTERM, signal.SIG_DFL if term is None else term)
+            for signum, previous in self._previous_term.items():
+                signal.signal(signum, signal.SIG_DFL if previous is None else previous)
             sys.unraisablehook = self._previous_hook
         return False
 
@@ -1177,13 +1212,13 @@ def _version() -> str:
 
 class _Interrupts:
     """For a whole command (in the main thread): SIGTERM (a batch system's time limit,
-    ``kill``) ends it as Ctrl-C does, so that what it holds is released (the output lock, a
-    half-made file) and it exits 130 with one line, instead of dying at once. A Ctrl-C or
-    SIGTERM that lands while Python runs a weakref or garbage-collector callback (jax has
-    many while it compiles) cannot be raised there: Python would print "Exception ignored"
-    and go on as if no stop had been asked for. It is raised again at the next opportunity
-    (a command that ends first ends as it did). A run's own [`_StopRequest`][] takes over
-    while the run steps."""
+    ``kill``) and SIGHUP (the terminal closed) end it as Ctrl-C does, so that what it holds
+    is released (the output lock, a half-made file) and it exits 130 with one line, instead
+    of dying at once. A signal that lands while Python runs a weakref or garbage-collector
+    callback (jax has many while it compiles) cannot be raised there: Python would print
+    "Exception ignored" and go on as if no stop had been asked for. It is raised again at
+    the next opportunity (a command that ends first ends as it did). A run's own
+    [`_StopRequest`][] takes over while the run steps."""
 
     def __init__(self):
         self._installed = False
@@ -1191,8 +1226,9 @@ class _Interrupts:
         self._timer = None
 
     def _interrupt(self, signum, frame):
-        if signum == signal.SIGTERM and self._signum != signal.SIGTERM:
-            print("\nterminated (SIGTERM): stopping now", file=sys.stderr, flush=True)
+        if signum in _TERMINATING and self._signum != signum:
+            name = signal.Signals(signum).name
+            print(f"\nterminated ({name}): stopping now", file=sys.stderr, flush=True)
         self._signum = signum
         raise KeyboardInterrupt
 
@@ -1217,10 +1253,9 @@ class _Interrupts:
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self._previous = (
-                signal.signal(signal.SIGINT, self._interrupt),
-                signal.signal(signal.SIGTERM, self._interrupt),
-            )
+            self._previous = {
+                s: signal.signal(s, self._interrupt) for s in (signal.SIGINT, *_TERMINATING)
+            }
             self._previous_hook = sys.unraisablehook
             sys.unraisablehook = self._unraisable
             self._installed = True
@@ -1230,7 +1265,7 @@ class _Interrupts:
         if self._timer is not None:  # a command that ended first ends as it did
             self._timer.cancel()
         if self._installed:
-            for signum, previous in zip((signal.SIGINT, signal.SIGTERM), self._previous):
+            for signum, previous in self._previous.items():
                 default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
                 signal.signal(signum, default if previous is None else previous)
             sys.unraisablehook = self._previous_hook

@@ -106,6 +106,7 @@ def test_places_that_refuse_files_are_found_before_the_run(tmp_path, capsys, opt
         ("nx = 16.0\n", "nx in"),
         ("quiet = 1\n", "quiet in"),
         ("dt = 100.0\ncfl = 0.1\n", "--dt and --cfl exclude each other"),
+        ("t-end = 2000.0\nt_end = 4000.0\n", "'t-end' and 't_end' in"),
     ],
 )
 def test_config_values_of_the_wrong_type_name_the_setting(tmp_path, capsys, toml, match):
@@ -447,3 +448,27 @@ def test_every_command_says_what_it_does_in_its_help(capsys, argv, says):
     out = capsys.readouterr().out
     assert done.value.code == 0
     assert says in out and "``" not in out
+
+
+@pytest.mark.parametrize(
+    "toml, match",
+    [
+        ('rtol = "1e-8"\n', "rtol in"),
+        ('max-iterations = "ten"\n', "max_iterations in"),
+        ("bc = 5\n", "bc in"),
+        ('bc = ["dirichlet", 5]\n', "bc in"),
+        ('shift = "1"\n', "shift in"),
+        ("frame = 1.0\n", "frame in"),
+        ('lx = "1 km"\n', "lx in"),
+        ("method = 1\n", "method in"),
+        ("max_iterations = 10\nmax-iterations = 20\n", "'max_iterations' and 'max-iterations' in"),
+    ],
+)
+def test_poisson_config_values_of_the_wrong_type_name_the_file(tmp_path, capsys, toml, match):
+    cfg = tmp_path / "p.toml"
+    cfg.write_text(toml)
+    out = tmp_path / "o.h5"
+    code, err = _error(capsys, ["poisson", "--config", str(cfg), "--output", str(out)])
+    assert code == 2 and "Traceback" not in err
+    assert match in err and "p.toml" in err, err
+    assert not out.exists()

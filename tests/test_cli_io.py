@@ -967,23 +967,29 @@ def test_progress_bar_shows_the_time_of_the_frame_just_reached():
     assert bar.shown == [(k, f"t={_format_time(60.0 * k)}") for k in (4, 8, 10)]
 
 
-def test_sigterm_stops_at_once_and_resume_continues(tmp_path, capsys, monkeypatch, uninterrupted):
-    """A batch system's time limit (SIGTERM) records the run as interrupted, resumable."""
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_sigterm_stops_at_once_and_resume_continues(
+    tmp_path, capsys, monkeypatch, uninterrupted, name
+):
+    """A batch system's time limit (SIGTERM), or the terminal closed under the run (SIGHUP),
+    records the run as interrupted, resumable."""
+    signum = getattr(signal, name)
     original = NetCDFWriter.append
 
-    def append_then_sigterm(self, time, step, fields):
+    def append_then_signal(self, time, step, fields):
         n = original(self, time, step, fields)
         if n == 3:
-            signal.raise_signal(signal.SIGTERM)
+            signal.raise_signal(signum)
         return n
 
-    monkeypatch.setattr(NetCDFWriter, "append", append_then_sigterm)
+    monkeypatch.setattr(NetCDFWriter, "append", append_then_signal)
     out = tmp_path / "t.h5"
+    before = signal.getsignal(signum)
     code = _main_catching_interrupt(["shallow-water", *INTERRUPT_ARGS, "--output", str(out)])
     err = capsys.readouterr().err
     assert code == 130 and "Traceback" not in err
-    assert err.strip().splitlines()[0] == "terminated (SIGTERM): stopping now"
-    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # restored after the run
+    assert err.strip().splitlines()[0] == f"terminated ({name}): stopping now"
+    assert signal.getsignal(signum) == before  # restored after the run
     with h5py.File(out, "r") as f:
         assert f.attrs["status"] == "interrupted: at step 4, t = 2400 s"
         assert list(f["step"][:]) == [0, 2, 4]
