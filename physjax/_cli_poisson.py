@@ -243,10 +243,7 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
         raise ValueError(f"--{option}: file {path!r} does not exist")
     if not os.path.isfile(path):
         raise ValueError(f"--{option}: {path!r} is not a regular file (a folder, device or pipe)")
-    try:
-        fh = h5py.File(path, "r")
-    except OSError as e:
-        raise ValueError(f"--{option}: cannot read {path!r} as a NetCDF4/HDF5 file: {e}") from None
+    fh = _open_for_reading(path, option)
     with fh:
         ds = fh.get(name.lstrip("/"))
         if not isinstance(ds, h5py.Dataset):
@@ -255,28 +252,39 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
                 f"--{option}: {path!r} has no variable {name!r}; variables with two or more "
                 f"dimensions: {have}"
             )
-        dims, coords, coord_units = [], [], []
+        dims, coords, coord_units, timelike, boundaries = [], [], [], [], []
         for d in ds.dims:
             scales = list(d.values())
             scale = scales[0] if scales else None
             label = scale.name.rsplit("/", 1)[-1] if scale is not None else (d.label or None)
             dims.append(label)
             values = unit = None
+            attrs = {}
             if scale is not None and scale.ndim == 1 and scale.shape[0] > 0:
-                tag = scale.attrs.get("NAME", b"")
-                tag = tag.decode() if isinstance(tag, bytes) else str(tag)
-                if not tag.startswith("This is a netCDF dimension but not a netCDF variable"):
+                attrs = {k: _text(v) for k, v in scale.attrs.items()}
+                if not attrs.get("NAME", "").startswith(
+                    "This is a netCDF dimension but not a netCDF variable"
+                ):
                     values = np.asarray(scale[...], dtype=float)
-                    unit = scale.attrs.get("units")
-                    unit = unit.decode() if isinstance(unit, bytes) else unit
+                    unit = attrs.get("units")
             coords.append(values)
             coord_units.append(unit)
+            timelike.append(_is_time(label, attrs))
+            boundaries.append(attrs.get("boundary"))
         units = ds.attrs.get("units")
         if isinstance(units, bytes):
             units = units.decode()
         shape = ds.shape
-        time_value = None
-        if dims and dims[0] == "time":
+        time_value = time_units = None
+        later = [k for k in range(1, len(dims)) if timelike[k]]
+        if later:
+            raise ValueError(
+                f"--{option}: {spec} has dimensions {tuple(d or '?' for d in dims)}, with time "
+                f"({dims[later[0]]!r}) not first; physjax poisson reads one frame of a leading "
+                f"time dimension: store the variable with time first (e.g. with xarray, "
+                f"ds.transpose({dims[later[0]]!r}, ...))"
+            )
+        if dims and timelike[0]:
             count = shape[0]
             written = fh.attrs.get("n_frames")  # a physjax file: frames beyond are incomplete
             if written is not None:
@@ -289,8 +297,9 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
             index = index % count  # counted from the last complete frame
             data = _decode_cf(ds, np.asarray(ds[index]), option, spec)
             if coords[0] is not None:
-                time_value = float(coords[0][index])
+                time_value, time_units = float(coords[0][index]), coord_units[0]
             dims, coords, coord_units = dims[1:], coords[1:], coord_units[1:]
+            boundaries = boundaries[1:]
         else:
             if frame is not None and strict:
                 raise ValueError(f"--frame given, but {spec} has no time dimension")
@@ -318,9 +327,82 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
         units=units,
         frame=index,
         time=time_value,
+        time_units=time_units,
+        boundaries=boundaries,
         spec=spec,
     )
     return _in_grid_order(field, option)
+
+
+def _text(value) -> Any:
+    """An HDF5 attribute as Python text when it is text."""
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, np.ndarray) and value.dtype.kind in "SO" and value.size == 1:
+        return _text(value.ravel()[0])
+    return value if isinstance(value, str) else str(value)
+
+
+#: Dimension names taken as time, whatever their attributes (WRF's ``Time``, NEMO's
+#: ``time_counter``); other dimensions are time when their coordinate says so (CF).
+_TIME_NAMES = ("time", "t", "time_counter")
+
+
+def _is_time(label: str | None, attrs: dict) -> bool:
+    """Whether a dimension is a time axis: by its name, or by its coordinate's CF attributes
+    (``axis = "T"``, ``standard_name = "time"``, units "<unit> since <date>")."""
+    if label and label.lower() in _TIME_NAMES:
+        return True
+    units = str(attrs.get("units", ""))
+    return (
+        str(attrs.get("axis", "")).upper() == "T"
+        or str(attrs.get("standard_name", "")).lower() == "time"
+        or " since " in units
+    )
+
+
+#: Seconds a file locked by another process (a run writing it) is waited for.
+_LOCK_WAIT = 5.0
+
+
+def _open_for_reading(path: str, option: str):
+    """``h5py.File(path, "r")``, retried for a few seconds while another process holds the
+    file's lock (a physjax run writing it takes it for each frame); a netCDF-3 file named
+    as such."""
+    import h5py
+
+    deadline = time.monotonic() + _LOCK_WAIT
+    while True:
+        try:
+            return h5py.File(path, "r")
+        except OSError as e:
+            locked = "unable to lock file" in str(e) or getattr(e, "errno", None) == 11
+            if locked and time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            if locked:
+                folder, name = os.path.split(path)
+                writer = os.path.exists(os.path.join(folder, f".{name}.lock"))
+                raise ValueError(
+                    f"--{option}: {path!r} is locked by another process"
+                    + (" (a physjax run writing it)" if writer else "")
+                    + f" and stayed so for {_LOCK_WAIT:g} s; try again (a run releases it "
+                    "between frames) or once the run has finished"
+                ) from None
+            try:
+                with open(path, "rb") as fh:
+                    head = fh.read(4)
+            except OSError:
+                head = b""
+            if head in (b"CDF\x01", b"CDF\x02", b"CDF\x05"):
+                raise ValueError(
+                    f"--{option}: {path!r} is a netCDF-3 (classic) file; physjax reads "
+                    f"NetCDF4/HDF5: convert it, e.g. nccopy -k nc4 {path} out.nc, or with "
+                    f"xarray: xr.open_dataset({path!r}).to_netcdf('out.nc', engine='h5netcdf')"
+                ) from None
+            raise ValueError(
+                f"--{option}: cannot read {path!r} as a NetCDF4/HDF5 file: {e}"
+            ) from None
 
 
 def _axis_of(dim: str | None) -> str | None:
@@ -330,6 +412,83 @@ def _axis_of(dim: str | None) -> str | None:
     name = dim.lower()
     name = name[:-2] if name.endswith("_f") else name
     return name if name in ("x", "y", "z") else None
+
+
+def _note_other_boundaries(field: dict, bc, names) -> None:
+    """A note on stderr for each axis whose coordinate records a boundary (a physjax run's
+    ``boundary`` attribute: ``periodic`` or ``wall``) other than the one ``--bc`` gives."""
+    for axis, (recorded, b) in enumerate(zip(field.get("boundaries") or [], bc)):
+        if recorded not in ("periodic", "wall") or (recorded == "periodic") == (b == "periodic"):
+            continue
+        print(
+            f"physjax poisson: note: the {names[axis]} axis of {field['spec']} is {recorded} "
+            f"in the file that wrote it; --bc gives it {b}",
+            file=sys.stderr,
+        )
+
+
+def _in_metres(values: np.ndarray, unit: str | None) -> np.ndarray | None:
+    """Coordinate values in metres (``None`` for units that are no length)."""
+    if not unit:
+        return values
+    factor = LENGTH_UNITS.get(unit.strip().lower())
+    return None if factor is None else values * factor
+
+
+def _check_coefficient_grid(rhs: dict, coef: dict, names) -> None:
+    """Refuse a coefficient that does not sit where the right-hand side does: along an axis,
+    one on faces (``x_f``) and the other at centres, or coordinates that differ."""
+    for axis, name in enumerate(names):
+        dr, dc = rhs["dims"][axis], coef["dims"][axis]
+        if _axis_of(dr) and _axis_of(dc) and dr.lower().endswith("_f") != dc.lower().endswith("_f"):
+            raise ValueError(
+                f"--coefficient {coef['spec']} lies on {dc!r} along {name}, --rhs "
+                f"{rhs['spec']} on {dr!r}: one on cell faces, the other at cell centres; give "
+                f"the coefficient at the right-hand side's points"
+            )
+        vr, vc = rhs["coords"][axis], coef["coords"][axis]
+        if vr is None or vc is None:
+            continue
+        mr, mc = _in_metres(vr, rhs["coord_units"][axis]), _in_metres(vc, coef["coord_units"][axis])
+        if mr is None or mc is None:
+            continue
+        span = float(np.ptp(mr)) or 1.0
+        if not np.allclose(mr, mc, rtol=0, atol=1e-6 * span):
+            raise ValueError(
+                f"--coefficient {coef['spec']}: its {name} coordinate ({mc[0]:g} … {mc[-1]:g} m) "
+                f"is not the one of --rhs {rhs['spec']} ({mr[0]:g} … {mr[-1]:g} m); give the "
+                f"coefficient on the right-hand side's grid"
+            )
+
+
+_POWER = re.compile(r"([A-Za-z]+)(-?[0-9]+)?")
+
+
+def _powers(units: str) -> dict[str, int] | None:
+    """A unit string of the form ``s-1 m2`` (products of integer powers) as ``{unit: power}``,
+    ``None`` for anything else."""
+    out: dict[str, int] = {}
+    for token in units.split():
+        if token == "1":
+            continue
+        m = _POWER.fullmatch(token)
+        if m is None:
+            return None
+        out[m[1]] = out.get(m[1], 0) + int(m[2] or 1)
+    return out
+
+
+def _solution_units(f_units: str, a_units: str) -> str:
+    """The units of u in div(a grad u) = f: those of f times m2 over those of a."""
+    f, a = _powers(f_units), _powers(a_units)
+    if f is None or a is None:
+        return f"({f_units}) m2 / ({a_units})"
+    total = dict(f)
+    total["m"] = total.get("m", 0) + 2
+    for unit, power in a.items():
+        total[unit] = total.get(unit, 0) - power
+    parts = [u if p == 1 else f"{u}{p}" for u, p in total.items() if p]
+    return " ".join(parts) or "1"
 
 
 def _note_staggered_walls(field: dict, bc, names, extent, shape) -> None:
@@ -352,27 +511,42 @@ def _note_staggered_walls(field: dict, bc, names, extent, shape) -> None:
 
 def _in_grid_order(field: dict, option: str) -> dict:
     """A field whose dimensions are named x, y (and z) is put in the grid's order (z,) y, x,
-    transposed if it is stored otherwise; other names are taken by position."""
+    transposed if it is stored otherwise. Dimensions with other names take the axes left
+    over, in their stored order (a note says which); a field with no such names is taken
+    by position."""
     dims = field["dims"]
     ndim = field["data"].ndim
     want = ("z", "y", "x")[3 - ndim :]
     axes = [_axis_of(d) for d in dims]
-    if None in axes:
-        return field
-    if sorted(axes) != sorted(want):
+    named = [a for a in axes if a is not None]
+    if len(set(named)) != len(named) or not set(named) <= set(want):
         raise ValueError(
             f"--{option}: {field['spec']} has dimensions {tuple(dims)}; a {ndim}-D field "
             f"needs dimensions along {', '.join(want)}"
         )
+    if named and len(named) < ndim:
+        free = iter(a for a in want if a not in named)
+        axes = [a if a is not None else next(free) for a in axes]
+    if named and len(named) < ndim and axes != list(want):
+        taken = ", ".join(f"{d or '?'!r} as {a}" for d, a in zip(dims, axes) if _axis_of(d) is None)
+        print(
+            f"physjax poisson: note: {field['spec']} has dimensions {tuple(dims)}; took "
+            f"{taken} (the axes its named dimensions leave)",
+            file=sys.stderr,
+        )
+    if not named:
+        return field
     order = [axes.index(a) for a in want]
     if order == list(range(ndim)):
         return field
     return {
         **field,
         "data": np.transpose(field["data"], order),
-        "dims": [dims[k] for k in order],
-        "coords": [field["coords"][k] for k in order],
-        "coord_units": [field["coord_units"][k] for k in order],
+        **{
+            key: [field[key][k] for k in order]
+            for key in ("dims", "coords", "coord_units", "boundaries")
+            if key in field
+        },
     }
 
 
@@ -539,6 +713,8 @@ def _run(args, held: contextlib.ExitStack) -> int:
             f"--coefficient {s['coefficient']} has shape {coef['data'].shape}, the grid is "
             f"{tuple(shape)}"
         )
+    if coef is not None and rhs is not None:
+        _check_coefficient_grid(rhs, coef, names)
 
     case_bc = CASE_BC[s["case"]]
     if rhs is not None and not s.get("bc") and not s["case_given"]:
@@ -556,6 +732,7 @@ def _run(args, held: contextlib.ExitStack) -> int:
         )
     if rhs is not None:
         _note_staggered_walls(rhs, bc, names, extent, shape)
+        _note_other_boundaries(rhs, bc, names)
     if rhs is not None and s["case"] == "variable-coefficient" and coef is None:
         raise ValueError(
             "--case variable-coefficient defines its coefficient with its own right-hand "
@@ -679,21 +856,25 @@ def _run(args, held: contextlib.ExitStack) -> int:
     converged = bool(sol.converged)
 
     centre = ("centre",) * ndim
+    a_units = "1" if coef is None else (coef["units"] or "1")
+    unknown = ""
     if rhs is None:
         f_units, u_units = "m-2", "1"
     else:
         f_units = rhs["units"] or "1"
-        u_units = "m2" if f_units == "1" else f"{f_units} m2"
+        u_units = _solution_units(f_units, a_units)
+        if not rhs["units"]:
+            unknown = " (the input gave no units: taken as 1)"
     residual_name = "f - <f> - A u" if solver.singular else "f - A u"
     equation = "div(a grad u) = f" if shift is None else f"div(a grad u) - {shift:g} u = f"
     variables = [
-        Variable("u", centre, u_units, f"solution of {equation}", False),
-        Variable("f", centre, f_units, "right-hand side", False),
+        Variable("u", centre, u_units, f"solution of {equation}{unknown}", False),
+        Variable("f", centre, f_units, f"right-hand side{unknown}", False),
         Variable("residual", centre, f_units, f"{residual_name} of the discrete problem", False),
     ]
     fields = {"u": sol.u, "f": f, "residual": residual}
     if a is not None:
-        variables.append(Variable("a", centre, "1", "coefficient a of div(a grad u)", False))
+        variables.append(Variable("a", centre, a_units, "coefficient a of div(a grad u)", False))
         fields["a"] = a
     errors = {}
     if exact is not None:
@@ -716,7 +897,8 @@ def _run(args, held: contextlib.ExitStack) -> int:
         coefficient=s.get("coefficient") or "",
         shift=shift,
         frame=-1 if rhs is None or rhs["frame"] is None else rhs["frame"],
-        rhs_time=None if rhs is None else rhs["time"],  # [s] of that frame, if it has one
+        rhs_time=None if rhs is None else rhs["time"],  # of that frame, if it has one
+        rhs_time_units=None if rhs is None else rhs["time_units"],
         bc=list(bc),
         method=method,
         shape=list(shape),

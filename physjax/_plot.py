@@ -197,7 +197,15 @@ def plot_panels(
         config = json.loads(sel.attrs.get("configuration", "") or "{}")
         case = f"poisson, {config.get('rhs') or case}"
         if config.get("rhs_time") is not None:  # the frame of a run the rhs was taken from
-            case += f" (frame {config.get('frame')}, t = {_time_text(config['rhs_time'])})"
+            unit = config.get("rhs_time_units")
+            value = config["rhs_time"]
+            if unit is None:  # a coordinate without units
+                when = f"{value:g}"
+            elif unit.strip().lower() in ("s", "second", "seconds"):
+                when = _time_text(value)
+            else:
+                when = f"{value:g} {unit}"
+            case += f" (frame {config.get('frame')}, t = {when})"
     status = str(sel.attrs.get("status", ""))
     failed = f"\nthe run {status}" if status.startswith("failed") else ""
     fig.suptitle(f"physjax {case}{title_time}{failed}")

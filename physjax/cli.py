@@ -355,6 +355,17 @@ def _record_of(writer, step0: int) -> tuple[int, int]:
     return frames, step0 if last is None else last
 
 
+#: Seconds between progress-bar updates when stderr is not a terminal (a batch log).
+LOG_PROGRESS_SECONDS = 30.0
+
+
+def _is_terminal(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
+
+
 #: Signals that end a run at once, keeping its frames: SIGTERM (a batch system's time limit,
 #: ``kill``) and SIGHUP (the terminal closed under a run started without ``nohup``).
 _TERMINATING = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
@@ -985,6 +996,8 @@ def _run_shallow_water(
             disable=quiet,
             file=sys.stderr,
             dynamic_ncols=True,
+            # a log file (a batch job's) gets a line every half minute, not ten a second
+            mininterval=0.1 if _is_terminal(sys.stderr) else LOG_PROGRESS_SECONDS,
         )
         try:
             state, step, frames = drive(

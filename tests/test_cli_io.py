@@ -1492,3 +1492,21 @@ def test_last_frame_lands_exactly_on_t_end(tmp_path):
         assert ds.attrs["n_frames"] == 8 and float(ds.time[-1]) == 7200.0
         assert float(ds.h.sel(time=7200.0).max()) > 0
         assert float(ds.time[-2]) == 6 * (7200 / 7)  # the others stay step * dt
+
+
+def test_progress_in_a_log_is_drawn_every_half_minute(tmp_path, capsys, monkeypatch):
+    """A batch job's log (stderr not a terminal) got ten bar refreshes a second; now one per
+    LOG_PROGRESS_SECONDS, plus the first and the last."""
+    original = NetCDFWriter.append
+
+    def slow_append(self, *args):
+        time.sleep(0.02)  # 60 frames: a run of over a second, whatever the machine
+        return original(self, *args)
+
+    monkeypatch.setattr(NetCDFWriter, "append", slow_append)
+    out = tmp_path / "log.h5"
+    args = ["--case", "gravity-wave", "--n", "16", "--t-end", "7200", "--save-every", "1"]
+    assert main(["shallow-water", *args, "--dt", "120", "--output", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "60/60" in err
+    assert err.count("\r") <= 3, err.count("\r")

@@ -201,7 +201,11 @@ def test_streamfunction_of_a_shallow_water_run(tmp_path, capsys):
     capsys.readouterr()
     code, out = _poisson(tmp_path, "--rhs", f"{sw}:zeta", "--bc", "periodic")
     assert code == 0
-    assert "note:" not in capsys.readouterr().err  # periodic axes: no wall to misplace
+    err = capsys.readouterr().err
+    assert "lies on" not in err  # periodic axes: no wall to misplace
+    # but the channel's y axis is walled in the run, which the file records
+    assert "note: the y axis of" in err and "is wall in the file that wrote it" in err
+    assert "the x axis" not in err
     with xr.open_dataset(sw) as run, xr.open_dataset(out) as ds:
         zeta = np.asarray(run["zeta"].isel(time=-1))
         dx = float(run["x_f"][1] - run["x_f"][0])
@@ -363,9 +367,24 @@ def test_physjax_plot_draws_the_panels_of_the_solve(tmp_path, monkeypatch):
     out = tmp_path / "p.h5"
     for bc, last in ((None, "error"), ("neumann", "f")):
         extra = ["--bc", bc] if bc else []
-        assert main(["poisson", "--case", "dirichlet", "--n", "16", "--output", str(out),
-                     "--overwrite", *extra,
-                     "--plot", str(tmp_path / "a.png")]) == 0  # fmt: skip
+        assert (
+            main(
+                [
+                    "poisson",
+                    "--case",
+                    "dirichlet",
+                    "--n",
+                    "16",
+                    "--output",
+                    str(out),
+                    "--overwrite",
+                    *extra,
+                    "--plot",
+                    str(tmp_path / "a.png"),
+                ]
+            )
+            == 0
+        )
         drawn, titles[:] = list(titles), []
         assert main(["plot", str(out), "--output", str(tmp_path / "b.png")]) == 0
         assert titles == drawn
@@ -721,3 +740,159 @@ def test_sigterm_while_compiling_exits_130(tmp_path):
     assert proc.returncode == 130, header + rest
     assert rest.strip().splitlines()[-1] == "physjax poisson: interrupted"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_named_x_y_are_honoured_beside_dimensions_of_other_names(tmp_path, capsys):
+    """One dimension of another name (depth) used to make every dimension positional, so a
+    (depth, x, y) field was solved with x and y swapped; the named ones are now kept and the
+    other takes the axis left over."""
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(4, 8, 16))  # (depth, y, x)
+    coords = {
+        "y": ("y", np.arange(8) * 10.0 + 5, {"units": "m"}),
+        "x": ("x", np.arange(16) * 20.0 + 10, {"units": "m"}),
+        "depth": ("depth", np.arange(4) * 2.0 + 1, {"units": "m"}),
+    }
+    results = {}
+    for name, dims in (
+        ("ref", ("depth", "y", "x")),
+        ("a", ("depth", "x", "y")),
+        ("b", ("y", "x", "depth")),
+    ):
+        order = [("depth", "y", "x").index(d) for d in dims]
+        src = tmp_path / f"{name}.nc"
+        xr.Dataset({"f": (dims, a.transpose(order))}, coords=coords).to_netcdf(
+            src, engine="h5netcdf"
+        )
+        code, out = _poisson(tmp_path, "--rhs", f"{src}:f", "--bc", "dirichlet", name=f"{name}.h5")
+        err = capsys.readouterr().err
+        assert code == 0, err
+        assert ("took 'depth' as z" in err) == (name != "ref"), err
+        with h5py.File(out, "r") as h:
+            results[name] = h["u"][...]
+            assert h["u"].shape == (4, 8, 16) and float(h["x"][1] - h["x"][0]) == 20.0
+    assert np.array_equal(results["a"], results["ref"])
+    assert np.array_equal(results["b"], results["ref"])
+
+
+def test_time_dimensions_known_by_name_or_cf_attributes(tmp_path, capsys):
+    """WRF's ``Time`` (no coordinate) and a time axis under another name with CF units
+    ("days since …") are time: their last frame is solved in 2-D (they were a third spatial
+    axis), and the frame's time is recorded with its units; time not first is refused."""
+    rng = np.random.default_rng(2)
+    ft = rng.normal(size=(3, 16, 16))
+    wrf = tmp_path / "wrf.nc"
+    xr.Dataset({"f": (("Time", "south_north", "west_east"), ft)}).to_netcdf(wrf, engine="h5netcdf")
+    days = tmp_path / "days.nc"
+    ds = xr.Dataset({"f": (("tt", "y", "x"), ft)}, coords={"tt": np.arange(3.0)})
+    ds["tt"].attrs["units"] = "days since 2000-01-01"
+    ds.to_netcdf(days, engine="h5netcdf")
+    late = tmp_path / "late.nc"
+    xr.Dataset({"f": (("y", "x", "time"), ft.transpose(1, 2, 0))}).to_netcdf(
+        late, engine="h5netcdf"
+    )
+    ref = np.asarray(
+        PoissonSolver(
+            Grid((16, 16), (1.0, 1.0), dtype="float64"), "periodic", compatibility="project"
+        )(ft[-1])
+    )
+    for src, unit in ((wrf, None), (days, "days since 2000-01-01")):
+        code, out = _poisson(tmp_path, "--rhs", f"{src}:f", "--bc", "periodic", name="t.h5")
+        assert code == 0, capsys.readouterr().err
+        with h5py.File(out, "r") as h:
+            assert h["u"].shape == (16, 16)
+            np.testing.assert_allclose(h["u"][...], ref, rtol=0, atol=1e-12)
+            cfg = json.loads(h.attrs["configuration"])
+        assert cfg["frame"] == 2 and cfg.get("rhs_time_units") == unit
+        assert cfg["rhs_time"] == (None if unit is None else 2.0)
+    plot = tmp_path / "t.png"
+    assert main(["plot", str(out), "--output", str(plot)]) == 0 and plot.exists()
+    code, _ = _poisson(tmp_path, "--rhs", f"{late}:f", "--bc", "periodic", name="late.h5")
+    err = capsys.readouterr().err
+    assert code == 2 and "with time ('time') not first" in err, err
+    assert not (tmp_path / "late.h5").exists()
+
+
+def test_a_coefficient_on_another_grid_is_refused_and_units_follow_it(tmp_path, capsys):
+    """The coefficient's coordinates and staggering were never compared with the right-hand
+    side's; u's units ignored a's."""
+    x = np.arange(16) * 10.0 + 5
+    src = tmp_path / "f.nc"
+    f = np.random.default_rng(3).normal(size=(16, 16))
+    xr.Dataset(
+        {"f": (("y", "x"), f, {"units": "s-1"})},
+        coords={"x": ("x", x, {"units": "m"}), "y": ("y", x, {"units": "m"})},
+    ).to_netcdf(src, engine="h5netcdf")
+
+    def coefficient(name, xs, xdim="x", unit="m"):
+        path = tmp_path / f"{name}.nc"
+        ds = xr.Dataset(
+            {"a": (("y", xdim), np.full((16, 16), 2.0), {"units": "m"})},
+            coords={xdim: (xdim, xs, {"units": unit}), "y": ("y", x, {"units": "m"})},
+        )
+        ds.to_netcdf(path, engine="h5netcdf")
+        return f"{path}:a"
+
+    for spec, match in (
+        (coefficient("shifted", x + 5000), "its x coordinate (5005 … 5155 m) is not the one"),
+        (coefficient("faces", x - 5, xdim="x_f"), "lies on 'x_f' along x, --rhs"),
+    ):
+        code, _ = _poisson(tmp_path, "--rhs", f"{src}:f", "--coefficient", spec, "--bc", "periodic")
+        err = capsys.readouterr().err
+        assert code == 2 and match in err, err
+    km = coefficient("km", x / 1000, unit="km")  # the same points in km
+    code, out = _poisson(tmp_path, "--rhs", f"{src}:f", "--coefficient", km, "--bc", "periodic")
+    assert code == 0, capsys.readouterr().err
+    with h5py.File(out, "r") as h:
+        units = {k: h[k].attrs["units"] for k in ("u", "f", "a")}
+    assert units == {"u": "s-1 m", "f": "s-1", "a": "m"}  # [f] m2 / [a]
+
+
+def test_a_file_locked_by_a_writer_is_waited_for(tmp_path, capsys, monkeypatch):
+    """A run writing its file holds HDF5's lock for each frame: --rhs waits for it (it used
+    to fail at once with a raw 'unable to lock file' error), and says so if it lasts."""
+    import physjax._cli_poisson as cli_poisson
+
+    src = tmp_path / "in.h5"
+    _write_rhs(src, np.random.default_rng(4).normal(size=(8, 8)), 1.0, 1.0)
+
+    def hold(seconds):
+        code = (
+            f"import h5py, time; f = h5py.File({str(src)!r}, 'a'); print('held', flush=True); "
+            f"time.sleep({seconds}); f.close()"
+        )
+        holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+        assert holder.stdout.readline().strip() == "held"
+        return holder
+
+    holder = hold(1.0)
+    code, _ = _poisson(tmp_path, "--rhs", f"{src}:forcing", "--bc", "periodic")
+    holder.wait()
+    assert code == 0, capsys.readouterr().err
+    monkeypatch.setattr(cli_poisson, "_LOCK_WAIT", 0.3)
+    holder = hold(5.0)
+    try:
+        code, _ = _poisson(tmp_path, "--rhs", f"{src}:forcing", "--bc", "periodic", name="q.h5")
+    finally:
+        holder.kill()
+    err = capsys.readouterr().err
+    assert code == 2 and "is locked by another process and stayed so for 0.3 s" in err, err
+
+
+def test_netcdf3_files_and_recorded_boundaries_are_named(tmp_path, capsys):
+    classic = tmp_path / "classic.nc"
+    classic.write_bytes(b"CDF\x01" + bytes(60))
+    code, _ = _poisson(tmp_path, "--rhs", f"{classic}:f", "--bc", "periodic")
+    err = capsys.readouterr().err
+    assert code == 2 and "is a netCDF-3 (classic) file" in err and "nccopy -k nc4" in err
+    src = tmp_path / "walled.nc"
+    y = np.arange(8) + 0.5
+    ds = xr.Dataset(
+        {"f": (("y", "x"), np.random.default_rng(5).normal(size=(8, 8)))},
+        coords={"y": ("y", y, {"boundary": "wall"}), "x": ("x", y, {"boundary": "periodic"})},
+    )
+    ds.to_netcdf(src, engine="h5netcdf")
+    code, _ = _poisson(tmp_path, "--rhs", f"{src}:f", "--bc", "periodic")
+    err = capsys.readouterr().err
+    assert code == 0 and "the y axis of" in err and "is wall in the file" in err, err
+    assert "the x axis" not in err
