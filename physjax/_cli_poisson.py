@@ -247,7 +247,11 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
     with fh:
         ds = fh.get(name.lstrip("/"))
         if not isinstance(ds, h5py.Dataset):
-            have = sorted(k for k, v in fh.items() if isinstance(v, h5py.Dataset) and v.ndim >= 2)
+            have = []  # in groups too, named as --rhs takes them (grp/f)
+            fh.visititems(
+                lambda k, v: have.append(k) if isinstance(v, h5py.Dataset) and v.ndim >= 2 else None
+            )
+            have.sort()
             raise ValueError(
                 f"--{option}: {path!r} has no variable {name!r}; variables with two or more "
                 f"dimensions: {have}"
@@ -257,6 +261,8 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
             scales = list(d.values())
             scale = scales[0] if scales else None
             label = scale.name.rsplit("/", 1)[-1] if scale is not None else (d.label or None)
+            if label is None and ds.is_scale:  # a coordinate variable is its own dimension
+                label = ds.name.rsplit("/", 1)[-1]
             dims.append(label)
             values = unit = None
             attrs = {}

@@ -896,3 +896,21 @@ def test_netcdf3_files_and_recorded_boundaries_are_named(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 0 and "the y axis of" in err and "is wall in the file" in err, err
     assert "the x axis" not in err
+
+
+def test_missing_variable_lists_those_in_groups_and_a_coordinate_names_its_dimension(
+    tmp_path, capsys
+):
+    src = tmp_path / "g.h5"
+    with h5py.File(src, "w") as h:
+        h.create_group("grp")["f"] = np.ones((8, 8))
+    code, _ = _poisson(tmp_path, "--rhs", f"{src}:nope", "--bc", "periodic")
+    err = capsys.readouterr().err
+    assert code == 2 and "variables with two or more dimensions: ['grp/f']" in err, err
+    nc = tmp_path / "c.nc"
+    xr.Dataset({"f": (("y", "x"), np.ones((4, 4)))}, coords={"x": np.arange(4.0)}).to_netcdf(
+        nc, engine="h5netcdf"
+    )
+    code, _ = _poisson(tmp_path, "--rhs", f"{nc}:x", "--bc", "periodic")
+    err = capsys.readouterr().err
+    assert code == 2 and "has dimensions ('x',) of shape (4,)" in err, err
