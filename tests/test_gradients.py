@@ -765,3 +765,23 @@ def test_recompute_under_vmap_of_a_closure_holds_no_per_point_cotangents():
         return compiled.memory_analysis().temp_size_in_bytes
 
     assert temp(True) <= 1.25 * temp(False), (temp(True), temp(False))
+
+
+def test_models_take_numpy_integer_sizes():
+    """Sizes from NumPy arithmetic (np.int64) were refused with 'must be a positive int, got
+    np.int64(3)'; they build the same model as Python ints, stored as Python ints."""
+    key = jax.random.PRNGKey(0)
+    x = jnp.array([0.1, 0.2, 0.3])
+    for cls, extra in (
+        (pg.MLP, {}),
+        (pg.FourierMLP, {"num_features": np.int64(4)}),
+        (pg.ModifiedMLP, {}),
+    ):
+        a = cls(3, 2, 8, 2, key=key, **{k: int(v) for k, v in extra.items()})
+        b = cls(np.int64(3), np.int32(2), np.int64(8), np.int16(2), key=key, **extra)
+        assert type(b.in_size) is int and type(b.out_size) is int
+        assert np.array_equal(a(x), b(x))
+    with pytest.raises(ValueError, match="in_size must be a positive int"):
+        pg.MLP(np.int64(0), 1, 4, 1, key=key)
+    with pytest.raises(ValueError, match="width must be a positive int"):
+        pg.MLP(3, 1, np.bool_(True), 1, key=key)

@@ -418,3 +418,19 @@ def test_z_stencils_refuse_2d_fields_and_grids():
     f3 = jnp.arange(60.0).reshape(3, 4, 5) ** 2
     assert float(jnp.abs(interp_z_c2f(f3)[1:] - 0.5 * (f3[1:] + f3[:-1])).max()) == 0.0
     assert float(jnp.abs(diff_z_c2f(f3, g3)[1:] - (f3[1:] - f3[:-1])).max()) == 0.0
+
+
+@pytest.mark.multidevice
+def test_shard_map_fields_names_a_padded_result():
+    """A stencil's result keeps the halo; returned as it is, shard_map refused it with a
+    message about replication and check_vma=False (the wrong fix)."""
+    assert jax.device_count() >= 4, "needs 4 (simulated) devices: see tests/conftest.py"
+    g = Grid((8, 8), (1.0, 2.0))
+    mesh = make_mesh((2, 2))
+    a = jnp.asarray(np.random.default_rng(0).normal(size=g.shape), g.dtype)
+    padded = shard_map_fields(lambda G, f: laplacian(fill_halo(f, G), G), g, mesh)
+    with pytest.raises(ValueError, match=r"shape \(10, 10\), the grid's shape \(8, 8\) with its"):
+        padded(a)
+    good = shard_map_fields(lambda G, f: interior(laplacian(fill_halo(f, G), G), G), g, mesh)
+    one = interior(laplacian(fill_halo(a, g), g), g)
+    np.testing.assert_allclose(good(a), one, rtol=0, atol=1e-12 * float(jnp.abs(one).max()))

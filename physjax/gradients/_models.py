@@ -8,6 +8,7 @@ from typing import Literal
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from ._jet import Form, Jet, affine, elementwise, gate, input_affine
@@ -33,15 +34,23 @@ def _resolve_activation(activation: str | Callable[[Array], Array]) -> Callable[
     )
 
 
-def _check_sizes(in_size: int, out_size: int | str, width: int, depth: int) -> None:
-    if not isinstance(in_size, int) or in_size < 1:
+def _is_int(n) -> bool:
+    """A Python or NumPy integer (not a bool)."""
+    return isinstance(n, (int, np.integer)) and not isinstance(n, (bool, np.bool_))
+
+
+def _check_sizes(in_size: int, out_size: int | str, width: int, depth: int) -> tuple:
+    """The sizes, checked, as Python ints (NumPy integers accepted)."""
+    if not _is_int(in_size) or in_size < 1:
         raise ValueError(f"in_size must be a positive int, got {in_size!r}.")
-    if out_size != "scalar" and (not isinstance(out_size, int) or out_size < 1):
+    if out_size != "scalar" and (not _is_int(out_size) or out_size < 1):
         raise ValueError(f"out_size must be a positive int or 'scalar', got {out_size!r}.")
-    if not isinstance(width, int) or width < 1:
+    if not _is_int(width) or width < 1:
         raise ValueError(f"width must be a positive int, got {width!r}.")
-    if not isinstance(depth, int) or depth < 1:
+    if not _is_int(depth) or depth < 1:
         raise ValueError(f"depth (number of hidden layers) must be an int >= 1, got {depth!r}.")
+    out = out_size if out_size == "scalar" else int(out_size)
+    return int(in_size), out, int(width), int(depth)
 
 
 def _chain(
@@ -150,7 +159,7 @@ class MLP(AbstractNeuralField):
         key: PRNGKeyArray,
         dtype=None,
     ):
-        _check_sizes(in_size, out_size, width, depth)
+        in_size, out_size, width, depth = _check_sizes(in_size, out_size, width, depth)
         m = 1 if out_size == "scalar" else out_size
         self.layers = _init_linears([in_size] + [width] * depth + [m], key, dtype)
         self.activation = _resolve_activation(activation)
@@ -206,9 +215,10 @@ class FourierMLP(AbstractNeuralField):
         key: PRNGKeyArray,
         dtype=None,
     ):
-        _check_sizes(in_size, out_size, width, depth)
-        if not isinstance(num_features, int) or num_features < 1:
+        in_size, out_size, width, depth = _check_sizes(in_size, out_size, width, depth)
+        if not _is_int(num_features) or num_features < 1:
             raise ValueError(f"num_features must be a positive int, got {num_features!r}.")
+        num_features = int(num_features)
         if not scale > 0:
             raise ValueError(f"scale must be positive, got {scale!r}.")
         kb, km = jax.random.split(key)
@@ -271,7 +281,7 @@ class ModifiedMLP(AbstractNeuralField):
         key: PRNGKeyArray,
         dtype=None,
     ):
-        _check_sizes(in_size, out_size, width, depth)
+        in_size, out_size, width, depth = _check_sizes(in_size, out_size, width, depth)
         ku, kv, kl = jax.random.split(key, 3)
         m = 1 if out_size == "scalar" else out_size
         self.encoder_u = eqx.nn.Linear(in_size, width, key=ku, dtype=dtype)

@@ -173,6 +173,16 @@ def shard_map_fields(fn: Callable[..., Any], grid: Grid, mesh: Mesh | None) -> C
     def wrapped(*args):
         arrays, static = eqx.partition(args, eqx.is_array)
         out_shape = jax.eval_shape(lambda a: fn(grid, *eqx.combine(a, static)), arrays)
+        padded = tuple(n + 2 * grid.halo for n in grid.shape)
+        for leaf in jax.tree.leaves(out_shape):
+            if tuple(leaf.shape[leaf.ndim - grid.ndim :]) == padded:
+                # taken for a replicated result, it fails in shard_map with a message about
+                # replication and check_vma, which would be the wrong fix
+                raise ValueError(
+                    f"shard_map_fields: fn returned an array of shape {leaf.shape}, the grid's "
+                    f"shape {grid.shape} with its halo: a field result must have the grid's "
+                    f"shape; return physjax.grids.interior(a, grid) of a padded field"
+                )
 
         def body(a):
             return fn(local, *eqx.combine(a, static))
