@@ -477,6 +477,15 @@ def test_solve_diffrax_keeps_a_float32_model_in_float32():
     # NumPy float64 tolerances (with x64 on) do not promote the step-size controller
     tol = c.model.solve_diffrax(c.state, 0.0, 600.0, rtol=np.float64(1e-4), atol=np.float64(1e-6))
     assert tol.ts.dtype == jnp.float32 and tol.ys.h.dtype == jnp.float32
+    # nor do save times given as Python floats (float64 with x64 on): they made the whole
+    # solve float64, the states included
+    ts = diffrax.SubSaveAt(ts=[300.0, 600.0])
+    saved = c.model.solve_diffrax(
+        c.state, 0.0, 600.0, saveat=diffrax.SaveAt(subs=(ts, diffrax.SubSaveAt(t1=True)))
+    )
+    for sub_ts, sub_ys in zip(saved.ts, saved.ys):
+        assert sub_ts.dtype == jnp.float32 and sub_ys.h.dtype == jnp.float32
+    np.testing.assert_array_equal(saved.ts[0], [300.0, 600.0])
 
 
 def test_solve_diffrax_default_tolerances_suit_a_float32_model():

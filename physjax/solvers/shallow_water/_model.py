@@ -6,6 +6,7 @@ import inspect
 import math
 from typing import Literal
 
+import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -1007,11 +1008,27 @@ class ShallowWater(eqx.Module):
         if mesh is not None:
             self.check_mesh(mesh)
         t0, t1 = jnp.asarray(t0, dtype), jnp.asarray(t1, dtype)
+        if kwargs.get("saveat") is not None:
+            # SaveAt(ts=[...]) of Python floats or float64 (with x64 on) would promote the
+            # whole solve of a float32 model, states included, to float64
+            kwargs["saveat"] = _saveat_in_dtype(kwargs["saveat"], dtype)
         model, state = self._on_mesh(state, mesh)
         sol = integrate_diffrax(_DiffraxRHS(mesh), state, t0, t1, args=model, **kwargs)
         if mesh is not None and mesh.size > 1 and sol.ys is not None:
             sol = eqx.tree_at(lambda s: s.ys, sol, shard(sol.ys, self.grid, mesh))
         return sol
+
+
+def _saveat_in_dtype(saveat, dtype):
+    """``saveat`` with the ``ts`` of each of its ``SubSaveAt``s in ``dtype``."""
+
+    def cast(sub):
+        if not isinstance(sub, diffrax.SubSaveAt) or sub.ts is None:
+            return sub
+        return eqx.tree_at(lambda s: s.ts, sub, jnp.asarray(sub.ts, dtype))
+
+    subs = jax.tree.map(cast, saveat.subs, is_leaf=lambda x: isinstance(x, diffrax.SubSaveAt))
+    return eqx.tree_at(lambda s: s.subs, saveat, subs)
 
 
 #: The physical constants of a ``ShallowWater`` and the bound each must respect.
