@@ -286,8 +286,17 @@ def test_locations_parities_and_widths_are_checked():
     )
     with pytest.raises(ValueError, match="parity must give .* got 2$"):
         fill_halo(f, g, CENTRE, parity=2)
-    with pytest.raises(ValueError, match=r"a block of ny=4 cells cannot fill a halo of width 4"):
-        fill_halo(f, g, Y_FACE, width=4)  # a face on a wall mirrors cells 1..4: needs 5
+    # a face on a wall mirrors faces 1..width; on the whole axis face n = 4 is the high
+    # wall, where the field is zero, so a halo as deep as the axis is filled (it was refused)
+    v = f.at[0].set(0.0)
+    deep = fill_halo(v, g, Y_FACE, width=4)[:, 4]
+    np.testing.assert_array_equal(deep, [0, -18, -12, -6, 0, 6, 12, 18, 0, -18, -12, -6])
+    with pytest.raises(ValueError, match=r"a block of ny=4 cells cannot fill a halo of width 5"):
+        fill_halo(v, g, Y_FACE, width=5)
+    # a block of a split axis does not hold the next block's face: it needs width + 1 cells
+    split = g.on_mesh(("y", None), (2, 1))
+    with pytest.raises(ValueError, match=r"ny=2 cells cannot fill a halo of width 2 .*needs 3"):
+        fill_halo(v[:2], split, Y_FACE, width=2)
     assert fill_halo(f, g, CENTRE, width=4).shape == (12, 14)
     with pytest.raises(ValueError, match="stagger must give"):
         g.coordinates("x", "center")

@@ -130,8 +130,11 @@ def fill_halo(
     if isinstance(width, bool) or not isinstance(width, int) or width < 1:
         raise ValueError(f"width must be a positive integer, got {width!r}")
     for axis, (n, s) in enumerate(zip(field.shape, location)):
-        # a face field on a wall mirrors cells 1..width: one more than the halo
-        need = width + (1 if s == "face" and not grid.periodic[axis] else 0)
+        # a face field on a wall mirrors faces 1..width: one more than the halo where the
+        # axis is split (face n of a block is the neighbour's); on a whole axis face n is
+        # the high wall, where the field is zero, so the halo may be as deep as the axis
+        split = grid.mesh_shape[axis] > 1 and grid.mesh_axes[axis] is not None
+        need = width + (1 if s == "face" and not grid.periodic[axis] and split else 0)
         if n < need:
             name = grid.axis_names[axis]
             raise ValueError(
