@@ -1510,3 +1510,27 @@ def test_progress_in_a_log_is_drawn_every_half_minute(tmp_path, capsys, monkeypa
     err = capsys.readouterr().err
     assert "60/60" in err
     assert err.count("\r") <= 3, err.count("\r")
+
+
+def test_writer_stores_numpy_and_jax_numbers_as_numbers(tmp_path):
+    """A model's parameters are 0-d JAX arrays, step counts often NumPy integers: JSON
+    cannot write either, and they used to be stored as text ("9.81" in `parameters`, the
+    JSON string '"9.81"' in `parameter_gravity`, "5" for an np.int64 in `configuration`)."""
+    import jax.numpy as jnp
+
+    from physjax.grids import Grid
+    from physjax.io import Variable, read_attrs
+
+    g = Grid((4, 6), (1.0, 1.0), dtype="float64")
+    params = {"gravity": jnp.asarray(9.81), "n": np.int64(3), "x": np.array([1.5, 2.0])}
+    w = NetCDFWriter(
+        tmp_path / "p.h5",
+        g,
+        [Variable("h", ("centre", "centre"), "m", "h")],
+        attrs={"parameters": params, "configuration": {"n_steps": np.int64(5)}},
+    )
+    attrs = read_attrs(w.path)
+    assert attrs["parameters"] == {"gravity": 9.81, "n": 3, "x": [1.5, 2.0]}
+    assert attrs["configuration"] == {"n_steps": 5}
+    assert attrs["parameter_gravity"] == 9.81 and attrs["parameter_n"] == 3
+    assert json.loads(attrs["parameter_x"]) == [1.5, 2.0]

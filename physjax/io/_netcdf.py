@@ -172,12 +172,35 @@ def _dims(grid: Grid, location: Sequence[Stagger]) -> tuple[str, ...]:
     )
 
 
+def _json_default(v: Any) -> Any:
+    """JSON for what ``json`` cannot write itself: NumPy and JAX numbers and arrays (a
+    model's parameters are 0-d JAX arrays) as numbers and lists, anything else as text."""
+    try:
+        a = np.asarray(v) if hasattr(v, "__array__") or isinstance(v, np.generic) else None
+    except Exception:
+        a = None
+    if a is not None and a.dtype.kind in "biuf":
+        return a.tolist()
+    return str(v)
+
+
+def _json(v: Any, **kwargs) -> str:
+    return json.dumps(v, default=_json_default, **kwargs)
+
+
 def _attr_value(v: Any) -> Any:
+    if hasattr(v, "__array__") and not isinstance(v, (np.generic, str)):
+        try:
+            a = np.asarray(v)
+        except Exception:
+            a = None
+        if a is not None and a.ndim == 0 and a.dtype.kind in "biuf":
+            v = a[()]  # a 0-d array (a model's parameter) is stored as the number it holds
     if isinstance(v, (bool, np.bool_)):
         return int(v)
     if isinstance(v, (int, float, str, np.integer, np.floating)):
         return v
-    return json.dumps(v, default=str)
+    return _json(v)
 
 
 def check_writable(path: str | os.PathLike, what: str = "output path") -> None:
@@ -226,7 +249,8 @@ class NetCDFWriter:
     - `grid`: the [`physjax.grids.Grid`][] of the fields.
     - `variables`: the [`physjax.io.Variable`][]s to write.
     - `attrs`: global attributes: ``case``, ``title``, ``parameters`` (a dict, also stored
-      one attribute per entry) and ``configuration`` (a dict, stored as JSON).
+      one attribute per entry) and ``configuration`` (a dict, stored as JSON). NumPy and
+      JAX numbers (a model's 0-d parameters) are stored as numbers, their arrays as lists.
     """
 
     def __init__(
@@ -363,12 +387,12 @@ class NetCDFWriter:
             # CF-1.9: the first CF version that admits the int64 of `step` and integer attributes
             f.attrs["Conventions"] = "CF-1.9 SGRID-0.3"
             params = attrs.pop("parameters", {}) or {}
-            f.attrs["parameters"] = json.dumps(params, default=str)
+            f.attrs["parameters"] = _json(params)
             for key, value in params.items():
                 f.attrs[f"parameter_{key}"] = _attr_value(value)
             config = attrs.pop("configuration", None)
             if config is not None:
-                f.attrs["configuration"] = json.dumps(config, default=str, sort_keys=True)
+                f.attrs["configuration"] = _json(config, sort_keys=True)
             for key, value in attrs.items():
                 f.attrs[key] = _attr_value(value)
             if has_time:
