@@ -306,6 +306,8 @@ def test_locations_parities_and_widths_are_checked():
             g,
             [Variable("q", ("center", "centre"), "1", "q")],
         )
+    with pytest.raises(ValueError, match="Variable.name must be a non-empty netCDF name"):
+        NetCDFWriter("/nonexistent-dir-is-not-reached/q.h5", g, [Variable("a/b", CENTRE, "1", "q")])
 
 
 def test_interior_keeps_batch_axes_and_zeros_is_local():

@@ -270,6 +270,11 @@ class NetCDFWriter:
             raise ValueError(f"variables: the name(s) {doubled} are given more than once")
         for v in variables:  # before anything is created or opened
             check_location(v.location, grid.ndim, "Variable.location")
+            if not isinstance(v.name, str) or not v.name or "/" in v.name:
+                # "a/b" made a group "a" holding "b", a variable no reader of the file saw
+                raise ValueError(
+                    f"Variable.name must be a non-empty netCDF name without '/', got {v.name!r}"
+                )
         self.variables = {v.name: v for v in variables}
         self._locking = True
         if _create:
