@@ -488,6 +488,14 @@ def test_solve_diffrax_keeps_a_float32_model_in_float32():
     np.testing.assert_array_equal(saved.ts[0], [300.0, 600.0])
 
 
+def test_run_times_keep_a_float32_model_dtype():
+    """A NumPy float64 dt or t0 (with x64 on) made `sol.ts` of a float32 run float64."""
+    c = make_case("gravity-wave", nx=8, ny=8, precision="float32")
+    sol = c.model.run(c.state, dt=np.float64(60.0), n_steps=4, save_every=2, t0=np.float64(30.0))
+    assert sol.ts.dtype == jnp.float32 and sol.states.h.dtype == jnp.float32
+    np.testing.assert_array_equal(sol.ts, [150.0, 270.0])
+
+
 def test_solve_diffrax_default_tolerances_suit_a_float32_model():
     """rtol 1e-6 is a few float32 ulps: the controller took 10 305 steps for a day of this
     channel (float64: 77), and ran out of steps over ten days."""

@@ -903,6 +903,7 @@ class ShallowWater(eqx.Module):
         model, state = self._on_mesh(state, mesh)
         frames = _run_frames(model, state, t0_, dt_, n_frames, save_every, mesh)
         ts = t0 + dt * save_every * jnp.arange(1, n_frames + 1, dtype=self.grid.dtype)
+        ts = ts.astype(self.grid.dtype)  # a NumPy float64 dt or t0 made them float64
         return ShallowWaterSolution(ts=ts, states=frames)
 
     def advance(
