@@ -53,9 +53,15 @@ def test_float32_energy_is_summed_to_float32_round_off():
         assert abs(float(single.model.energy(state)) / exact - 1) <= 4e-7
 
 
-def test_energy_drift_falls_at_scheme_order():
+@pytest.mark.parametrize("scheme, order", [("ssprk3", 3.0), ("rk4", 5.0)])
+def test_energy_drift_falls_at_scheme_order(scheme, order):
+    """Measured 2.86 for SSP-RK3 (third order) and 4.96 for RK4: a fourth-order scheme's
+    leading error is in the phase, so its energy error per step is of order dt⁶, not dt⁵."""
     case = make_case("geostrophic-adjustment", nx=32, ny=32, precision="float64")
-    m, s = case.model, case.state
+    s = case.state
+    m = ShallowWater(
+        case.model.grid, gravity=case.model.gravity, coriolis=case.model.coriolis, scheme=scheme
+    )
     e0 = float(m.energy(s))
     t_end = 6 * 3600.0
     dts, drifts = [], []
@@ -64,8 +70,8 @@ def test_energy_drift_falls_at_scheme_order():
         sol = m.run(s, dt=dt, n_steps=n)
         drifts.append(abs(float(m.energy(_last(sol))) - e0) / e0)
         dts.append(dt)
-    order = np.polyfit(np.log(dts), np.log(drifts), 1)[0]
-    assert abs(order - 3.0) <= 0.3, (order, drifts)
+    fitted = np.polyfit(np.log(dts), np.log(drifts), 1)[0]
+    assert abs(fitted - order) <= 0.3, (fitted, drifts)
 
 
 def test_zonal_jet_stays_steady():
