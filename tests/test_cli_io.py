@@ -1534,3 +1534,14 @@ def test_writer_stores_numpy_and_jax_numbers_as_numbers(tmp_path):
     assert attrs["configuration"] == {"n_steps": 5}
     assert attrs["parameter_gravity"] == 9.81 and attrs["parameter_n"] == 3
     assert json.loads(attrs["parameter_x"]) == [1.5, 2.0]
+    # the writer's own attributes are refused before a file is made: attrs={"status": "x"}
+    # marked a new file "x" instead of running, and a resume then refused it
+    for key in ("status", "n_frames", "parameter_gravity"):
+        with pytest.raises(ValueError, match=rf"attrs: \['{key}'\] are written by physjax"):
+            NetCDFWriter(
+                tmp_path / "q.h5",
+                g,
+                [Variable("h", ("centre", "centre"), "m", "h")],
+                attrs={key: "x"},
+            )
+    assert not (tmp_path / "q.h5").exists()

@@ -203,6 +203,10 @@ def _attr_value(v: Any) -> Any:
     return _json(v)
 
 
+#: Global attributes that the writer sets and reads back itself (``attrs`` may not set them).
+_WRITER_ATTRS = frozenset({"physjax_version", "status", "Conventions", "n_frames"})
+
+
 def check_writable(path: str | os.PathLike, what: str = "output path") -> None:
     """Raise ``ValueError`` (naming ``what``, e.g. ``"--output"``) if ``path`` cannot be
     written: a missing folder, a folder in its place, or a place that refuses the file.
@@ -251,6 +255,8 @@ class NetCDFWriter:
     - `attrs`: global attributes: ``case``, ``title``, ``parameters`` (a dict, also stored
       one attribute per entry) and ``configuration`` (a dict, stored as JSON). NumPy and
       JAX numbers (a model's 0-d parameters) are stored as numbers, their arrays as lists.
+      The writer's own attributes (``status``, ``n_frames``, ``physjax_version``,
+      ``Conventions``, ``parameter_*``) are refused.
     """
 
     def __init__(
@@ -275,6 +281,14 @@ class NetCDFWriter:
                 raise ValueError(
                     f"Variable.name must be a non-empty netCDF name without '/', got {v.name!r}"
                 )
+        owned = sorted(
+            k for k in (attrs or {}) if k in _WRITER_ATTRS or str(k).startswith("parameter_")
+        )
+        if owned:  # the writer's own record of the file: status, frame count, version
+            raise ValueError(
+                f"attrs: {owned} are written by physjax itself; give parameters in "
+                "attrs['parameters'] and choose other names for the rest"
+            )
         self.variables = {v.name: v for v in variables}
         self._locking = True
         if _create:
