@@ -1364,3 +1364,19 @@ def test_a_solver_edited_with_tree_at_equals_a_new_one():
         edit(base, "coefficient", jnp.ones((3, 3))).solve(f)
     with pytest.raises(ValueError, match=r"shift must be a scalar or have the grid's shape"):
         edit(base, "shift", jnp.ones((3, 3))).solve(f)
+
+
+@pytest.mark.parametrize("method", ["spectral", "multigrid"])
+def test_a_python_number_shift_set_with_tree_at_solves_with_boundary_values(method):
+    """A Python number set as the shift with ``eqx.tree_at`` (as the docs allow) was kept
+    as a static leaf by the solve with boundary values, which then failed with
+    ``AttributeError: 'float' object has no attribute 'astype'``."""
+    grid = _grid((16, 16), False)
+    f = jnp.asarray(np.random.default_rng(22).normal(size=grid.shape))
+    values = {"x": (0.5, None)}
+    new = PoissonSolver(grid, "neumann", method, shift=3.0)(f, values)
+    base = PoissonSolver(grid, "neumann", method, shift=2.0)
+    for value in (3.0, 3):
+        edited = eqx.tree_at(lambda s: s.shift, base, value)
+        assert _rel(edited(f, values), new) <= 1e-13, value
+        assert _rel(edited.solve(f, values).u, new) <= 1e-13, value

@@ -743,6 +743,11 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
     """
     cls = type(solver)
     _check_edited_operator(solver)
+    if solver.shift is not None and not isinstance(solver.shift, jax.Array):
+        # a Python or NumPy number set with eqx.tree_at (the constructor's conversion
+        # skipped): the solve needs an array of the grid's dtype, traced under jit
+        shift = _check_shift(solver.shift, solver.grid, solver.method, solver.mesh)
+        solver = eqx.tree_at(lambda s: s.shift, solver, shift)
     f = cls._check_field(solver, f, "f")
     if guess is not None:
         guess = cls._check_field(solver, guess, "initial_guess")
