@@ -252,7 +252,10 @@ def _parse_param(text: str) -> tuple[str, Any]:
     try:
         parsed = tomllib.loads(f"v = {value}")["v"]
     except tomllib.TOMLDecodeError:
-        parsed = value
+        try:  # numbers TOML does not write but --dt takes: .5, 5., 1.e-4
+            parsed = float(value)
+        except ValueError:
+            parsed = value
     return key.strip().replace("-", "_"), parsed
 
 

@@ -472,3 +472,14 @@ def test_poisson_config_values_of_the_wrong_type_name_the_file(tmp_path, capsys,
     assert code == 2 and "Traceback" not in err
     assert match in err and "p.toml" in err, err
     assert not out.exists()
+
+
+def test_param_takes_the_numbers_that_dt_takes():
+    """`--param drag=.5e-6` (or `5.`) was refused as the string '.5e-6', TOML having no such
+    floats, while `--dt .5e3` ran."""
+    from physjax.cli import _parse_param
+
+    assert _parse_param("drag=.5e-6") == ("drag", 5e-7)
+    assert _parse_param("coriolis=-1.e-4") == ("coriolis", -1e-4)
+    assert _parse_param("mode_x=3") == ("mode_x", 3)  # TOML's integer stays one
+    assert _parse_param("boundary=no-slip") == ("boundary", "no-slip")
