@@ -979,10 +979,14 @@ def _run_shallow_water(
                     "configuration": resolved,
                 },
             )
-            writer.write_static(
-                {"bottom": np.zeros(grid.shape) if model.bottom is None else to_numpy(model.bottom)}
-            )
-            writer.append(0.0, 0, fields_of(state))
+            bottom = np.zeros(grid.shape) if model.bottom is None else to_numpy(model.bottom)
+            try:  # a file stopped before its first frame holds nothing to resume: removed
+                writer.write_static({"bottom": bottom})
+                writer.append(0.0, 0, fields_of(state))
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.remove(os.path.realpath(writer.path))
+                raise
             step0 = 0
             frames_before = 1
         if mesh is not None:

@@ -1545,3 +1545,21 @@ def test_writer_stores_numpy_and_jax_numbers_as_numbers(tmp_path):
                 attrs={key: "x"},
             )
     assert not (tmp_path / "q.h5").exists()
+
+
+def test_a_run_stopped_before_its_first_frame_leaves_no_file(tmp_path, monkeypatch):
+    """A SIGTERM (or second Ctrl-C) while frame 0 was computed (the first compile) left a
+    file marked running with no frame: a new run refused it as unfinished and said to
+    --resume it, and --resume refused it as holding no frame."""
+    written = NetCDFWriter.write_static
+
+    def interrupted(self, *args, **kwargs):
+        written(self, *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(NetCDFWriter, "write_static", interrupted)
+    code, out = _run(tmp_path)
+    assert code == 130
+    assert not out.exists()
+    monkeypatch.undo()
+    assert _run(tmp_path)[0] == 0  # no --overwrite needed
