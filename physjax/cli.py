@@ -1083,6 +1083,9 @@ def _run_shallow_water(
                     f"physjax: {output} keeps {frames} whole frame{'s' if frames != 1 else ''} "
                     f"(to step {step}); continue with: {command}"
                 )
+            # a ValueError or TypeError raised here is no user error: main lets it through
+            with contextlib.suppress(AttributeError):
+                e._physjax_unforeseen = True
             raise
         bar.close()
     total_frames = frames_before + frames
@@ -1335,6 +1338,8 @@ def _main(argv: list[str] | None) -> int:
         print(f"physjax {args.command}: {e}{notes}", file=sys.stderr)
         return 3
     except (ValueError, TypeError) as e:
+        if getattr(e, "_physjax_unforeseen", False):  # mid-run, a bug: its traceback
+            raise
         notes = "".join(f"\n{note}" for note in getattr(e, "__notes__", ()))  # where a run stopped
         print(f"physjax {args.command}: error: {e}{notes}", file=sys.stderr)
         return 2

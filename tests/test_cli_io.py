@@ -1138,6 +1138,29 @@ def test_an_unforeseen_error_marks_the_file_and_resume_continues(
     _assert_resume_completes_like(out, uninterrupted)
 
 
+def test_an_unforeseen_value_error_mid_run_keeps_its_traceback(tmp_path, monkeypatch):
+    """A ValueError or TypeError from inside the run is a bug, not a bad option: it used to
+    end as one 'error:' line with exit status 2, as for a usage error, where the docs
+    promise the error's traceback after the file is marked."""
+    from physjax.io import NetCDFWriter
+
+    append, calls = NetCDFWriter.append, []
+
+    def failing(self, *args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("an unexpected value")
+        return append(self, *args, **kw)
+
+    monkeypatch.setattr(NetCDFWriter, "append", failing)
+    out = tmp_path / "v.h5"
+    with pytest.raises(ValueError, match="an unexpected value") as err:
+        main(["shallow-water", *INTERRUPT_ARGS, "--quiet", "--output", str(out)])
+    assert f"{out} keeps 1 whole frame (to step 0); continue with" in str(err.value.__notes__)
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["status"].endswith("ValueError: an unexpected value")
+
+
 def test_too_many_steps_and_too_large_a_grid_are_refused_before_writing(tmp_path, capsys):
     out = tmp_path / "n.h5"
     assert main(["shallow-water", "--n", "16", "--dt", "1e-300", "--output", str(out)]) == 2
