@@ -153,6 +153,15 @@ def load_config(
     params = raw.get("parameters", {})
     if not isinstance(params, dict):
         raise ValueError(f"--config: 'parameters' in {path!r} must be a table [parameters]")
+    if params:  # read like --param: wind-stress is wind_stress
+        names = [k.replace("-", "_") for k in params]
+        twice = sorted({k for k in params if names.count(k.replace("-", "_")) > 1})
+        if twice:
+            raise ValueError(
+                f"--config: {' and '.join(map(repr, twice))} in the [parameters] table of "
+                f"{path!r} are one parameter spelled two ways; give it once"
+            )
+        raw["parameters"] = dict(zip(names, params.values(), strict=True))
     for key, value in raw.items():
         kind = SETTING_TYPES.get(key)
         if kind is not None and not _has_type(value, kind):

@@ -161,6 +161,21 @@ def test_dt_on_the_command_line_overrides_cfl_from_the_config(tmp_path):
         assert json.loads(ds.attrs["configuration"])["dt"] == 360.0
 
 
+def test_config_parameters_take_hyphens_like_param(tmp_path, capsys):
+    """``--param jet-speed=2`` and the top-level ``t-end`` read with hyphens; the
+    ``[parameters]`` table did not (jet-speed was an unknown parameter)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("case = 'zonal-jet'\n[parameters]\njet-speed = 2.0\n")
+    out = tmp_path / "o.h5"
+    argv = ["shallow-water", *FAST[2:], "--config", str(cfg), "--output", str(out)]
+    assert main(argv) == 0
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["parameter_jet_speed"] == 2.0
+    cfg.write_text("[parameters]\njet-speed = 2.0\njet_speed = 3.0\n")
+    code, err = _error(capsys, ["shallow-water", "--config", str(cfg), "--output", str(out)])
+    assert code == 2 and "'jet-speed' and 'jet_speed' in the [parameters] table" in err
+
+
 def test_config_takes_quiet_max_frames_and_no_cfl_check(tmp_path, capsys):
     cfg = tmp_path / "c.toml"
     # dt = 1800 s is over the CFL limit of this grid (~1200 s): no_cfl_check lets it run
