@@ -944,6 +944,24 @@ def test_python_number_boundary_values_do_not_recompile(compilations):
     assert _rel(values[-1], ref) <= 1e-15 and _rel(values[-1], first) > 1e-3
 
 
+@pytest.mark.parametrize("method", ["spectral", "cg"])
+def test_wall_values_given_as_lists(method):
+    """A wall's values as a Python list solve like the same NumPy array (the list's numbers
+    were traced one by one and the fold's dtype check failed with a
+    TracerArrayConversionError); a list that is no array is named."""
+    grid = _grid((16, 12), False)
+    solver = PoissonSolver(grid, "dirichlet", method)
+    f = np.random.default_rng(13).normal(size=(16, 12))
+    low = [float(k) for k in range(16)]
+    ref = solver(f, {"x": (np.asarray(low), 1.0)})
+    assert _rel(solver(f, {"x": (low, 1.0)}), ref) == 0
+    assert _rel(solver.solve(f, {"x": [low, 1.0]}).u, ref) == 0
+    with pytest.raises(
+        ValueError, match=r"boundary_values\['x'\] \(low wall\) must be a number or a real array"
+    ):
+        solver(f, {"x": ([1.0] * 15 + [[2.0]], 0.0)})
+
+
 @pytest.mark.parametrize("method", ["multigrid", "cg"])
 @pytest.mark.parametrize("bc", ["dirichlet", "neumann"])
 def test_float32_iterations_reach_working_precision(method, bc):

@@ -770,6 +770,12 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
                     f"boundary_values[{name!r}] must be a pair (low, high) (a tuple or list), "
                     f"got {pair!r}"
                 )
+        # a wall's values given as a list are one array: left as a list, the map below
+        # would take each of its numbers for a wall value of its own
+        boundary_values = {
+            name: tuple(_wall_array(v, name, side) for side, v in zip(("low", "high"), pair))
+            for name, pair in boundary_values.items()
+        }
     if boundary_values is not None:
         # Python numbers would be static under eqx.filter_jit: a stepper passing new wall
         # values every step would then compile every step. As 0-d arrays they are traced.
@@ -829,6 +835,23 @@ def _operator_jit(solver: PoissonSolver, u):
 
 
 _dense_inverse = jax.jit(mg.dense_inverse, static_argnums=(0, 1, 3, 4))
+
+
+def _wall_array(value, name, side: str):
+    """A wall's values given as a (nested) list or tuple, as one array; else ``value``."""
+    if not isinstance(value, (list, tuple)):
+        return value
+    try:
+        return np.asarray(value)
+    except (TypeError, ValueError):
+        pass
+    try:  # traced numbers or JAX arrays among them
+        return jnp.asarray(value)
+    except (TypeError, ValueError) as err:
+        raise ValueError(
+            f"boundary_values[{name!r}] ({side} wall) must be a number or a real array of "
+            f"the wall's shape, got a list that is not an array: {value!r:.80} ({err!s:.80})"
+        ) from None
 
 
 def _check_finite_boundary_values(boundary_values) -> None:
