@@ -520,10 +520,13 @@ def _converged(rnorm, tol, u, unorm, grid, abs_operator):
 
 
 def _first_iterate(x0, f, fnorm, matvec, grid: Grid):
-    """``(x0, f - A x0, ‖f - A x0‖, ‖x0‖)``; from zero without an operator application."""
+    """``(x0, f - A x0, ‖f - A x0‖, ‖x0‖)``; from zero without an operator application.
+    ``f = 0`` starts from zero whatever ``x0``: ``u = 0`` solves it, and the tolerance,
+    relative to ``‖f‖``, is 0, which iterations from a guess would only approach."""
     if x0 is None:
         zero = jnp.zeros_like(f)
         return zero, f, fnorm, jnp.zeros_like(fnorm)
+    x0 = jnp.where(fnorm > 0, x0, jnp.zeros_like(x0))
     r0 = f - matvec(x0)
     return x0, r0, jnp.sqrt(global_dot(r0, r0, grid)), jnp.sqrt(global_dot(x0, x0, grid))
 
