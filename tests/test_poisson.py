@@ -321,6 +321,15 @@ def test_arrays_committed_to_one_device_solve_on_a_mesh():
         got = solve(f, grid, "dirichlet", method, coefficient=committed, rtol=1e-12, mesh=mesh)
         assert _rel(got, ref) <= 1e-12, method
         assert len(got.sharding.device_set) == 4
+        # and when set with eqx.tree_at (which skips the constructor), with a shift: both
+        # were refused by jit's device check ("Received incompatible devices")
+        ref = solve(f, grid, "dirichlet", method, coefficient=a, shift=2.0, rtol=1e-12)
+        old = PoissonSolver(grid, "dirichlet", method, rtol=1e-12, mesh=mesh, shift=1.0)
+        for c in (jax.device_put(jnp.asarray(2.0), jax.devices()[1]), 2.0):
+            edited = eqx.tree_at(
+                lambda s: (s.coefficient, s.shift), old, (committed, c), is_leaf=lambda v: v is None
+            )
+            assert _rel(edited(f), ref) <= 1e-12, method
 
 
 @pytest.mark.parametrize("mesh", [4, (2, 2), "2x2"])

@@ -748,6 +748,15 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
         # skipped): the solve needs an array of the grid's dtype, traced under jit
         shift = _check_shift(solver.shift, solver.grid, solver.method, solver.mesh)
         solver = eqx.tree_at(lambda s: s.shift, solver, shift)
+    if any(_committed_elsewhere(x, solver.mesh) for x in (solver.coefficient, solver.shift)):
+        # set with eqx.tree_at (the constructor's placement skipped) from an array committed
+        # to one device, which the compiled call's device check would refuse
+        solver = eqx.tree_at(
+            lambda s: (s.coefficient, s.shift),
+            solver,
+            place_on_mesh((solver.coefficient, solver.shift), solver.grid, solver.mesh),
+            is_leaf=lambda v: v is None,
+        )
     f = cls._check_field(solver, f, "f")
     if guess is not None:
         guess = cls._check_field(solver, guess, "initial_guess")
@@ -835,6 +844,19 @@ def _operator_jit(solver: PoissonSolver, u):
 
 
 _dense_inverse = jax.jit(mg.dense_inverse, static_argnums=(0, 1, 3, 4))
+
+
+def _committed_elsewhere(x, mesh: Mesh | None) -> bool:
+    """Whether ``x`` is a concrete JAX array committed to devices other than ``mesh``'s
+    (a mesh of several devices)."""
+    return (
+        mesh is not None
+        and mesh.size > 1
+        and isinstance(x, jax.Array)
+        and is_concrete(x)
+        and x.committed
+        and getattr(x.sharding, "mesh", None) != mesh
+    )
 
 
 def _wall_array(value, name, side: str):
