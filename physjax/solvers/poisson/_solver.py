@@ -115,7 +115,8 @@ class PoissonSolver(eqx.Module):
       ``"spectral"`` (``method="spectral"`` only): use the exact eigenvalues ``-κ²`` of the
       continuous Laplacian on the same Fourier/sine/cosine modes, which converges
       exponentially for smooth solutions (periodic, or with a smooth even/odd extension).
-      Residuals reported against the stencil are then O(h²), not round-off.
+      Residuals reported against the stencil are then O(h²), not round-off. Homogeneous
+      walls only: ``boundary_values`` are refused (they are folded for the stencil).
     - `throw`: raise (through ``eqx.error_if``) when an iterative solve does not converge
       (default ``True``); with ``False`` check ``PoissonSolution.converged``.
 
@@ -779,6 +780,16 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
                     f"boundary_values[{name!r}] must be a pair (low, high) (a tuple or list), "
                     f"got {pair!r}"
                 )
+        if solver.laplacian == "spectral" and any(
+            v is not None for pair in boundary_values.values() for v in pair
+        ):
+            raise ValueError(
+                "boundary_values need laplacian='discrete': wall values are folded into f "
+                "for the second-order stencil, a problem that the exact eigenvalues of "
+                "laplacian='spectral' do not solve (the error does not fall with h); subtract "
+                "a smooth function that takes the wall values and solve for the rest with "
+                "homogeneous walls, or use laplacian='discrete'"
+            )
         # a wall's values given as a list are one array: left as a list, the map below
         # would take each of its numbers for a wall value of its own
         boundary_values = {
