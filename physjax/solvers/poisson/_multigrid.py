@@ -521,14 +521,21 @@ def _converged(rnorm, tol, u, unorm, grid, abs_operator):
 
 def _first_iterate(x0, f, fnorm, matvec, grid: Grid):
     """``(x0, f - A x0, ‖f - A x0‖, ‖x0‖)``; from zero without an operator application.
-    ``f = 0`` starts from zero whatever ``x0``: ``u = 0`` solves it, and the tolerance,
-    relative to ``‖f‖``, is 0, which iterations from a guess would only approach."""
+
+    A guess with a larger residual than zero's (``‖f‖``) is dropped for zero: ``f = 0``,
+    solved by ``u = 0`` with a tolerance of 0, which iterations from a guess only
+    approach; and a guess far larger than the solution, from which CG cannot bring the
+    true residual below ``eps ‖A x0‖`` (the recurrence drifts from it)."""
     if x0 is None:
         zero = jnp.zeros_like(f)
         return zero, f, fnorm, jnp.zeros_like(fnorm)
-    x0 = jnp.where(fnorm > 0, x0, jnp.zeros_like(x0))
     r0 = f - matvec(x0)
-    return x0, r0, jnp.sqrt(global_dot(r0, r0, grid)), jnp.sqrt(global_dot(x0, x0, grid))
+    r0norm = jnp.sqrt(global_dot(r0, r0, grid))
+    worse = r0norm > fnorm  # (NaN in the guess: kept, and reported not converged)
+    x0 = jnp.where(worse, jnp.zeros_like(x0), x0)
+    r0 = jnp.where(worse, f, r0)
+    r0norm = jnp.where(worse, fnorm, r0norm)
+    return x0, r0, r0norm, jnp.sqrt(global_dot(x0, x0, grid))
 
 
 def multigrid_iterate(
