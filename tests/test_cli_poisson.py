@@ -448,7 +448,7 @@ def rhs_file(tmp_path):
         ),
         (  # max_coarse is not an option of the command: its message names the number only
             ["--method", "multigrid", "--n", "97"],
-            "does not reach a level of ≤ 1024 cells; use sizes c·2^k",
+            "cannot be halved), more than 1024 cells; use sizes c·2^k",
         ),
         (["--method", "spectral", "--case", "variable-coefficient"], "needs a constant coef"),
         (["--rtol", "2"], "--rtol must be a number in (0, 1)"),

@@ -347,12 +347,16 @@ class PoissonSolver(eqx.Module):
                     f"coefficient), or more cells along the finely spaced axes"
                 )
             if levels is None:
+                names = grid.axis_names
+                short = [f"n{names[a]}={n}" for a, n in enumerate(stop.shape) if n % 2 or n < 4]
                 raise ValueError(
-                    f"multigrid cannot coarsen grid.shape={grid.shape}: halving the finely "
-                    f"spaced axes (every axis of an isotropic grid) while their sizes stay "
-                    f"even does not reach a level of ≤ max_coarse="
-                    f"{max_coarse} cells; use sizes c·2^k with a small c (e.g. 96, 128, 160) "
-                    f"or method='spectral'"
+                    f"multigrid cannot coarsen grid.shape={grid.shape}: the finely spaced axes "
+                    f"(every axis of an isotropic grid) are halved together while each stays "
+                    f"even and ≥ 4, which stops at a level of shape {stop.shape} "
+                    f"({', '.join(short) or 'its sizes'} cannot be halved), more than "
+                    f"max_coarse={max_coarse} cells; use sizes c·2^k with a small c (e.g. 96, "
+                    f"128, 160) and enough cells along the shortest axis, or "
+                    f"method='spectral'"
                 )
             self.levels = levels
             # prepared once unless it depends on a coefficient or on a field or traced
