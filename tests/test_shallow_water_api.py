@@ -692,3 +692,15 @@ def test_traced_counts_and_case_parameters_are_named_as_fixed_settings(adjust):
         jax.jit(lambda n: model.run(state, dt=dt, n_steps=4, save_every=n))(2)
     with pytest.raises(TypeError, match=r"^parameter amplitude must be a fixed number, not a"):
         jax.jit(lambda a: make_case("gravity-wave", nx=16, ny=16, amplitude=a))(0.02)
+
+
+def test_step_keeps_a_float32_model_in_float32_with_a_numpy_float64_dt():
+    """With x64 on, ``step(state, np.float64(dt))`` returned a float64 state from a float32
+    model (``run`` and ``advance`` convert ``dt``; ``step`` promoted the update)."""
+    case = make_case("gravity-wave", nx=8, ny=8)  # float32
+    m, s = case.model, case.state
+    ref = m.step(s, 100.0)
+    for dt in (np.float64(100.0), jnp.asarray(100.0, jnp.float64)):
+        out = m.step(s, dt, t=np.float64(50.0))
+        assert {a.dtype for a in jax.tree.leaves(out)} == {jnp.dtype("float32")}
+        assert _max_diff(out, ref) == 0.0

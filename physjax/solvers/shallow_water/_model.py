@@ -614,6 +614,9 @@ class ShallowWater(eqx.Module):
         self._check_state(state, values=False)
         _check_time("dt", dt, positive=True)
         _check_time("t", t)
+        # in the model's dtype, as run and advance take them: a NumPy float64 dt (x64 on)
+        # would promote a float32 state
+        t, dt = jnp.asarray(t, self.grid.dtype), jnp.asarray(dt, self.grid.dtype)
         return _stepper(self._in_grid_dtype())[0](state, t, dt)
 
     # -------------------------------------------------------------- diagnostics
