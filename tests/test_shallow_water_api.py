@@ -704,3 +704,24 @@ def test_step_keeps_a_float32_model_in_float32_with_a_numpy_float64_dt():
         out = m.step(s, dt, t=np.float64(50.0))
         assert {a.dtype for a in jax.tree.leaves(out)} == {jnp.dtype("float32")}
         assert _max_diff(out, ref) == 0.0
+
+
+def test_diagnostics_take_parameters_set_with_tree_at_in_the_model_dtype():
+    """With x64 on, a float64 gravity or coriolis set on a float32 model made ``energy``
+    and ``potential_vorticity`` float64, and an energy unlike the same model built anew."""
+    g = Grid((8, 12), (8e5, 1.2e6), periodic=(False, True), dtype="float32")
+    h = 100.0 + np.linspace(0.0, 1.0, 96).reshape(g.shape)
+    edits = {"gravity": np.float64(9.0), "coriolis": np.array(2e-4), "beta": np.float64(2e-11)}
+    base = ShallowWater(g)
+    s = base.initial_state(h, np.full(g.shape, 0.1))
+    for name, value in edits.items():
+        edited = eqx.tree_at(lambda m, name=name: getattr(m, name), base, value)
+        built = ShallowWater(g, **{name: value})
+        for diagnostic in ("energy", "potential_vorticity"):
+            got = getattr(edited, diagnostic)(s)
+            assert got.dtype == jnp.float32, (name, diagnostic)
+            assert np.array_equal(got, getattr(built, diagnostic)(s)), (name, diagnostic)
+    bottom = np.linspace(0.0, 5.0, 96).reshape(g.shape)  # a float64 NumPy field
+    edited = eqx.tree_at(lambda m: m.bottom, base, bottom, is_leaf=lambda x: x is None)
+    got = edited.energy(s)
+    assert got.dtype == jnp.float32 and got == ShallowWater(g, bottom=bottom).energy(s)

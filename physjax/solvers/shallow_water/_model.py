@@ -640,14 +640,15 @@ class ShallowWater(eqx.Module):
         # uniform part ½ g r² + g r η (+ g r b) is summed as Σ η (and Σ b) and only small
         # terms are summed cell by cell; a plain float32 sum of ½ g h² loses more digits
         # than a step changes the energy.
-        gravity = self.gravity
+        model = self._in_grid_dtype()  # parameters set with eqx.tree_at may be float64
+        gravity = model.gravity
         ref = state.h.reshape(-1)[0]
         eta = state.h - ref
         local = state.h * kinetic + 0.5 * gravity * eta * eta
         uniform = gravity * ref * (0.5 * ref * state.h.size + jnp.sum(eta))
-        if self.bottom is not None:
-            local = local + gravity * eta * self.bottom
-            uniform = uniform + gravity * ref * jnp.sum(self.bottom)
+        if model.bottom is not None:
+            local = local + gravity * eta * model.bottom
+            uniform = uniform + gravity * ref * jnp.sum(model.bottom)
         return (jnp.sum(local) + uniform) * g.cell_volume
 
     def relative_vorticity(self, state: ShallowWaterState) -> Field2D:
@@ -666,7 +667,8 @@ class ShallowWater(eqx.Module):
         h = fill_halo(state.h, g, CENTRE)
         h_corner = interior(interp_y_c2f(interp_x_c2f(h)), g)
         y = jnp.asarray(g.coordinates("y", "face"), g.dtype)[:, None]
-        return (self.coriolis_at(y) + self.relative_vorticity(state)) / h_corner
+        f = self._in_grid_dtype().coriolis_at(y)
+        return (f + self.relative_vorticity(state)) / h_corner
 
     def _check_state(
         self,
