@@ -725,3 +725,24 @@ def test_diagnostics_take_parameters_set_with_tree_at_in_the_model_dtype():
     edited = eqx.tree_at(lambda m: m.bottom, base, bottom, is_leaf=lambda x: x is None)
     got = edited.energy(s)
     assert got.dtype == jnp.float32 and got == ShallowWater(g, bottom=bottom).energy(s)
+
+
+def test_physical_constants_are_checked_in_the_model_dtype():
+    """A constant finite in float64 but not in the grid's float32 was accepted by the
+    constructor (held as inf, or 0 under a '> 0' bound) and refused only by the methods, as
+    'must be a finite number, got inf' or 'must be > 0, got 0.0' — not what was given."""
+    g = Grid((8, 12), (1e6, 1e6), periodic=(False, True), dtype="float32")
+    for name, value, match in (
+        ("gravity", 1e39, r"^gravity must be finite in the grid's dtype float32, got 1e\+39"),
+        ("viscosity", 1e39, r"^viscosity must be finite in the grid's dtype float32"),
+        ("density", 1e-46, r"^density must be > 0 in the grid's dtype float32, got 1e-46"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            ShallowWater(g, **{name: value})
+        base = ShallowWater(g, viscosity=1.0)
+        m = eqx.tree_at(lambda q, name=name: getattr(q, name), base, value)
+        with pytest.raises(ValueError, match=match):
+            m.rhs(m.initial_state(np.full(g.shape, 100.0)))
+    # small but representable, or 0 where 0 is allowed: accepted
+    assert float(ShallowWater(g, drag=1e-46).drag) == 0.0
+    assert float(ShallowWater(g, density=1e-40).density) > 0

@@ -104,10 +104,10 @@ def _real_dtype_or_raise(name: str, value, what: str) -> np.ndarray | None:
     return arr
 
 
-def _check_scalar(name: str, value, *, low: str | None = None):
+def _check_scalar(name: str, value, *, low: str | None = None, dtype=None):
     """Refuse a physical constant that is not one finite real number (checked on its value
     when it has one; only its type and shape inside ``jit``/``grad``/``vmap``). ``low``:
-    ``">0"`` or ``">=0"``."""
+    ``">0"`` or ``">=0"``. With ``dtype`` the value is checked again as the model holds it."""
     arr = _real_dtype_or_raise(name, value, "a real number")
     shape = np.shape(value) if arr is None else arr.shape
     if shape != ():
@@ -121,6 +121,20 @@ def _check_scalar(name: str, value, *, low: str | None = None):
         raise ValueError(f"{name} must be > 0, got {value}")
     if low == ">=0" and not x >= 0:
         raise ValueError(f"{name} must be >= 0, got {value}")
+    if dtype is not None:
+        # a finite float64 value can overflow the grid's float32 (or underflow to 0)
+        with np.errstate(over="ignore", under="ignore"):
+            held = float(np.asarray(x).astype(dtype))
+        if not math.isfinite(held):
+            raise ValueError(
+                f"{name} must be finite in the grid's dtype {np.dtype(dtype)}, got {value} "
+                f"(|x| > {np.finfo(dtype).max:.3g})"
+            )
+        if low == ">0" and not held > 0:
+            raise ValueError(
+                f"{name} must be > 0 in the grid's dtype {np.dtype(dtype)}, got {value}, "
+                f"which it holds as 0"
+            )
 
 
 def _check_field_values(name: str, value, grid: Grid) -> np.ndarray | None:
@@ -222,9 +236,10 @@ class ShallowWater(eqx.Module):
       is the plain step's to the last bit when both are compiled; with more, XLA may fuse
       (and so contract multiply-adds) differently, and the two agree to round-off.
 
-    The physical constants must be single finite real numbers and ``bottom``/``wind_stress``
-    real, finite fields of the grid's shape (strings, complex and boolean values are refused);
-    values are checked when they have them (not while traced by ``jit``/``grad``/``vmap``).
+    The physical constants must be single real numbers, finite (and > 0 where so bounded) in
+    the grid's dtype, and ``bottom``/``wind_stress`` real, finite fields of the grid's shape
+    (strings, complex and boolean values are refused); values are checked when they have
+    them (not while traced by ``jit``/``grad``/``vmap``).
 
     The model works on one sample; use ``jax.vmap`` for ensembles.
     """
@@ -329,7 +344,7 @@ class ShallowWater(eqx.Module):
         for name, low in _SCALAR_PARAMETERS:
             value = given[name]
             if value is not None or name not in ("drag", "viscosity"):
-                _check_scalar(name, value, low=low)
+                _check_scalar(name, value, low=low, dtype=grid.dtype)
         self.grid = grid
         self.gravity = _scalar(gravity, dt)
         self.coriolis = _scalar(coriolis, dt)
@@ -740,7 +755,7 @@ class ShallowWater(eqx.Module):
         for name, low in _SCALAR_PARAMETERS:
             value = getattr(self, name)
             if value is not None or name not in ("drag", "viscosity"):
-                _check_scalar(name, value, low=low)
+                _check_scalar(name, value, low=low, dtype=self.grid.dtype)
         g = self.grid
         fields = [("bottom", self.bottom)]
         ws = self.wind_stress
