@@ -746,3 +746,36 @@ def test_physical_constants_are_checked_in_the_model_dtype():
     # small but representable, or 0 where 0 is allowed: accepted
     assert float(ShallowWater(g, drag=1e-46).drag) == 0.0
     assert float(ShallowWater(g, density=1e-40).density) > 0
+
+
+def test_a_grid_set_with_tree_at_is_checked_again_by_every_method():
+    """``eqx.tree_at`` skips the constructor's checks of the grid too: a halo=2 grid failed
+    in the tendency with a broadcasting error, a 3-D one with 'too many values to unpack',
+    and a walled axis of one cell ran, with its wall halo mirroring the wall face itself."""
+    g = Grid((8, 8), (8e5, 8e5), dtype="float64")
+    m = ShallowWater(g)
+    walled = Grid((8, 8), (8e5, 8e5), periodic=(False, True), dtype="float64")
+    channel = ShallowWater(walled, boundary="no-slip")
+    for grid, error, match in (
+        (Grid((8, 8), (8e5, 8e5), dtype="float64", halo=2), ValueError, r"must have halo=1"),
+        (Grid((4, 8, 8), (1.0, 8e5, 8e5), dtype="float64"), TypeError, r"^grid must be a 2-D"),
+        (
+            Grid((8, 1), (8e5, 8e5), periodic=(True, False), dtype="float64"),
+            ValueError,
+            r"^grid size nx=1 is too small: a walled x axis",
+        ),
+    ):
+        bad = eqx.tree_at(lambda q: q.grid, m, grid)
+        s = ShallowWaterState(*(jnp.full(grid.shape, x) for x in (100.0, 0.0, 0.0)))
+        for call in (
+            lambda bad=bad, s=s: bad.run(s, dt=10.0, n_steps=1),
+            lambda bad=bad, s=s: bad.step(s, 10.0),
+            lambda bad=bad, s=s: bad.rhs(s),
+            lambda bad=bad, s=s: bad.energy(s),
+        ):
+            with pytest.raises(error, match=match):
+                call()
+    periodic = eqx.tree_at(lambda q: q.grid, channel, g)  # no-slip with no wall left
+    s = periodic.initial_state(np.full(g.shape, 100.0))
+    with pytest.raises(ValueError, match=r"^boundary='no-slip' sets the condition at walls"):
+        periodic.run(s, dt=10.0, n_steps=1)

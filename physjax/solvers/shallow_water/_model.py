@@ -183,6 +183,34 @@ def _check_time(name: str, value, *, positive: bool = False, unit: str = "second
     return x
 
 
+def _check_grid(grid, boundary: str) -> None:
+    """Refuse a grid the model cannot run on: not a 2-D ``Grid`` of an enabled dtype with a
+    one-cell halo, a walled axis of fewer than 2 cells, or no wall for ``"no-slip"``. Run by
+    the constructor and again by every method taking a state (``eqx.tree_at`` skips the
+    constructor)."""
+    if not isinstance(grid, Grid) or grid.ndim != 2:
+        raise TypeError(f"grid must be a 2-D physjax.grids.Grid, got {grid!r}")
+    require_enabled_dtype(grid)
+    if grid.halo != 1:
+        raise ValueError(
+            f"the shallow-water stencils use a one-cell halo: the grid must have halo=1, "
+            f"got halo={grid.halo} (Grid(..., halo=1), the default)"
+        )
+    if boundary == "no-slip" and all(grid.periodic):
+        # nothing would hold the fluid: a setting without effect is a mistake to report
+        raise ValueError(
+            "boundary='no-slip' sets the condition at walls, and this grid has none "
+            "(periodic on every axis); give Grid(periodic=...) a walled axis"
+        )
+    for axis, name in enumerate(("y", "x")):
+        if not grid.periodic[axis] and grid.shape[axis] < _MIN_WALLED:
+            raise ValueError(
+                f"grid size n{name}={grid.shape[axis]} is too small: a walled {name} axis "
+                f"needs n{name} >= {_MIN_WALLED} (the halo mirrors the velocity on the face "
+                f"next to the wall)"
+            )
+
+
 class ShallowWater(eqx.Module):
     r"""Rotating nonlinear shallow-water equations in vector-invariant form.
 
@@ -275,22 +303,9 @@ class ShallowWater(eqx.Module):
         strip_rows: int | None = None,
         strip_steps: int | None = None,
     ):
-        if not isinstance(grid, Grid) or grid.ndim != 2:
-            raise TypeError(f"grid must be a 2-D physjax.grids.Grid, got {grid!r}")
-        require_enabled_dtype(grid)
-        if grid.halo != 1:
-            raise ValueError(
-                f"the shallow-water stencils use a one-cell halo: the grid must have halo=1, "
-                f"got halo={grid.halo} (Grid(..., halo=1), the default)"
-            )
         if boundary not in ("free-slip", "no-slip"):
             raise ValueError(f"boundary must be 'free-slip' or 'no-slip', got {boundary!r}")
-        if boundary == "no-slip" and all(grid.periodic):
-            # nothing would hold the fluid: a setting without effect is a mistake to report
-            raise ValueError(
-                "boundary='no-slip' sets the condition at walls, and this grid has none "
-                "(periodic on every axis); give Grid(periodic=...) a walled axis"
-            )
+        _check_grid(grid, boundary)
         if scheme not in SCHEMES or scheme == "euler":
             raise ValueError(f"scheme must be 'ssprk3' or 'rk4', got {scheme!r}")
         if strip_rows is not None:
@@ -324,13 +339,6 @@ class ShallowWater(eqx.Module):
                 raise ValueError(
                     f"strip_rows={strip_rows} is too few for strip_steps={strip_steps}: a strip "
                     f"needs at least {OVERLAP} rows per step ({OVERLAP * strip_steps})"
-                )
-        for axis, name in enumerate(("y", "x")):
-            if not grid.periodic[axis] and grid.shape[axis] < _MIN_WALLED:
-                raise ValueError(
-                    f"grid size n{name}={grid.shape[axis]} is too small: a walled {name} axis "
-                    f"needs n{name} >= {_MIN_WALLED} (the halo mirrors the velocity on the face "
-                    f"next to the wall)"
                 )
         dt = grid.dtype
         given = dict(
@@ -752,6 +760,7 @@ class ShallowWater(eqx.Module):
         """The constructor's checks of the physical constants (on their values when they have
         them) and of the fields' shapes, again: a model edited with ``eqx.tree_at`` skips
         ``__init__``. Every method that takes a state runs them first."""
+        _check_grid(self.grid, self.boundary)
         for name, low in _SCALAR_PARAMETERS:
             value = getattr(self, name)
             if value is not None or name not in ("drag", "viscosity"):
