@@ -779,3 +779,19 @@ def test_a_grid_set_with_tree_at_is_checked_again_by_every_method():
     s = periodic.initial_state(np.full(g.shape, 100.0))
     with pytest.raises(ValueError, match=r"^boundary='no-slip' sets the condition at walls"):
         periodic.run(s, dt=10.0, n_steps=1)
+
+
+def test_the_stability_limit_in_the_model_dtype_is_not_refused():
+    """``run(state, dt=jnp.asarray(model.max_stable_dt(state)))`` on a float32 model was
+    refused as 'CFL number 1.00 > 1' when float32 rounded the limit up (5 of 15 small cases),
+    and so was the limit computed under jit (float32 arithmetic)."""
+    case = make_case("geostrophic-adjustment", nx=8, ny=8)  # float32
+    m, s = case.model, case.state
+    limit = m.max_stable_dt(s)
+    dts = (jnp.float32(limit), np.float32(limit), eqx.filter_jit(m.max_stable_dt)(s))
+    assert float(dts[0]) > limit  # rounded up: the case this test is about
+    for dt in dts:
+        m.check_dt(s, dt)
+        assert m.run(s, dt=dt, n_steps=1).states.h.dtype == jnp.float32
+    with pytest.raises(ValueError, match=r"breaks the CFL stability limit"):
+        m.check_dt(s, limit * (1 + 1e-5))

@@ -861,7 +861,9 @@ class ShallowWater(eqx.Module):
     def check_dt(self, state: ShallowWaterState, dt: float) -> None:
         """Raise ``ValueError`` when ``dt`` is not one finite number > 0 (a Python or NumPy
         scalar or a 0-d array) or breaks the stability limit of
-        [`max_stable_dt`][physjax.solvers.ShallowWater.max_stable_dt]. The limit is not checked
+        [`max_stable_dt`][physjax.solvers.ShallowWater.max_stable_dt] by more than the
+        round-off of the model's dtype (8 ulps: the limit cast to float32 passes). The limit
+        is not checked
         while the state, ``dt`` or a parameter it needs is traced (inside ``jit``, ``grad``,
         ``vmap``): it has no value to compare then."""
         value = _check_time("dt", dt, positive=True)
@@ -869,7 +871,9 @@ class ShallowWater(eqx.Module):
         if value is None or fields is None or not self._parameters_concrete():
             return
         limit = self.max_stable_dt(state)
-        if value > limit:
+        # the limit itself in the model's dtype (rounded up, or computed under jit in its
+        # arithmetic) is not a step above it
+        if value > limit * (1 + 8 * np.finfo(self.grid.dtype).eps):
             raise ValueError(
                 f"dt={value:g} s breaks the CFL stability limit of the {self.scheme} scheme on "
                 f"this grid and state: allowed 0 < dt <= {limit:.4g} s (CFL number "
