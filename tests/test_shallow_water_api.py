@@ -795,3 +795,14 @@ def test_the_stability_limit_in_the_model_dtype_is_not_refused():
         assert m.run(s, dt=dt, n_steps=1).states.h.dtype == jnp.float32
     with pytest.raises(ValueError, match=r"breaks the CFL stability limit"):
         m.check_dt(s, limit * (1 + 1e-5))
+
+
+def test_traced_max_stable_dt_keeps_a_float32_model_in_float32():
+    """Inside jit/vmap, ``max_stable_dt(state, np.float64(0.5))`` of a float32 model was
+    float64 (the NumPy cfl promoted the traced limit)."""
+    case = make_case("gravity-wave", nx=8, ny=8)  # float32
+    m, s = case.model, case.state
+    for cfl in (0.5, np.float64(0.5), jnp.asarray(0.5, jnp.float64)):
+        dt = jax.jit(lambda st, cfl=cfl: m.max_stable_dt(st, cfl))(s)
+        assert dt.dtype == jnp.float32
+        assert float(dt) == pytest.approx(m.max_stable_dt(s, 0.5), rel=1e-6)

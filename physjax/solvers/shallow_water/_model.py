@@ -856,7 +856,7 @@ class ShallowWater(eqx.Module):
         r = 0.0 if self.drag is None else self.drag
         rate = r + 4 * nu * inv**2
         dt = jnp.where(rate > 0, jnp.minimum(dt, damping / jnp.where(rate > 0, rate, 1)), dt)
-        return cfl * dt
+        return jnp.asarray(cfl, g.dtype) * dt  # a NumPy float64 cfl would promote it
 
     def check_dt(self, state: ShallowWaterState, dt: float) -> None:
         """Raise ``ValueError`` when ``dt`` is not one finite number > 0 (a Python or NumPy
