@@ -91,7 +91,7 @@ def _colour_scale(data: np.ndarray, cmap: str):
     bad = int(data.size - np.count_nonzero(finite))
     note = f" ({bad} NaN/Inf cells, in grey)" if bad else ""
     if not finite.any():
-        return np.zeros_like(data), -1.0, 1.0, 0, " (no finite value)"
+        return np.full_like(data, np.nan), -1.0, 1.0, 0, " (no finite value)"
     values = data[finite]
     lo, hi = float(values.min()), float(values.max())
     if lo == hi:
@@ -149,7 +149,7 @@ def plot_panels(
             panels.append((var, f"{name}: {long_name}", var.attrs.get("units", ""), cmap))
     elif "h" in sel and "zeta" in sel:
         eta = sel["h"] + (sel["bottom"] if "bottom" in sel else 0)
-        anomaly = eta - float(eta.mean())
+        anomaly = eta - float(eta.where(np.isfinite(eta)).mean())  # an Inf cell: not all Inf
         panels.append((anomaly, "height anomaly", "m", "RdBu_r"))
         panels.append((sel["zeta"], "relative vorticity", "s$^{-1}$", "PuOr_r"))
     else:

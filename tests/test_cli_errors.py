@@ -446,6 +446,33 @@ def test_plot_of_non_finite_and_constant_fields(tmp_path, capsys):
     ]  # fmt: skip
 
 
+def test_plot_of_a_height_field_with_one_inf_cell_draws_the_others(tmp_path, monkeypatch):
+    """One Inf cell in h (a run blowing up) made the mean Inf, so the whole height-anomaly
+    panel was NaN and drawn empty, "(no finite value)"; the mean is now of the finite cells,
+    and a panel with no finite value is drawn grey, not in the colour of zero."""
+    import physjax._plot as plot
+
+    run = tmp_path / "w.h5"
+    args = ["shallow-water", "--case", "gravity-wave", "--n", "16", "--t-end", "3000", "--quiet"]
+    assert main([*args, "--output", str(run)]) == 0
+    with h5py.File(run, "a") as f:
+        h = f["h"][...]
+        h[-1, 5, 5] = np.inf
+        f["h"][...] = h
+    scales, colour_scale = [], plot._colour_scale
+
+    def recording(data, cmap):
+        scales.append(colour_scale(data, cmap))
+        return scales[-1]
+
+    monkeypatch.setattr(plot, "_colour_scale", recording)
+    assert main(["plot", str(run), "--output", str(tmp_path / "w.png")]) == 0
+    data, vmin, vmax, exponent, note = scales[0]  # the height anomaly, about 1e-2 m
+    assert note == " (1 NaN/Inf cells, in grey)"
+    assert np.isfinite(data).sum() == 16 * 16 - 1 and (exponent, vmin) == (-3, -vmax)
+    assert np.isnan(colour_scale(np.full((2, 2), np.nan), "RdBu_r")[0]).all()
+
+
 @pytest.mark.parametrize(
     "argv, says",
     [
