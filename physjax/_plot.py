@@ -187,7 +187,9 @@ def plot_panels(
         title += note
         colours = plt.get_cmap(cmap).with_extremes(bad="0.5")  # NaN/Inf grey, not zero's white
         im = ax.pcolormesh(x, y, data, cmap=colours, shading="auto", vmin=vmin, vmax=vmax)
-        ax.set_aspect("equal")
+        width, height = np.ptp(x), np.ptp(y)
+        # true proportions, unless they leave a sliver (a long channel): then fill the panel
+        ax.set_aspect("equal" if 0 < height <= 4 * width and width <= 4 * height else "auto")
         ax.set_xlabel(f"x [{xy_units}]")
         ax.set_ylabel(f"y [{xy_units}]")
         ax.set_title(title, fontsize=10)

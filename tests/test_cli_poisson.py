@@ -396,6 +396,30 @@ def test_physjax_plot_draws_the_panels_of_the_solve(tmp_path, monkeypatch):
         titles.clear()
 
 
+def test_plot_of_a_long_channel_is_not_a_sliver(tmp_path, monkeypatch):
+    """A 100 m by 1 m channel was drawn to scale, each panel a line a few pixels high with
+    its y ticks on top of each other; a domain more than 4 times longer than wide now fills
+    its panel (the ticks give the extents), a moderate one keeps its true proportions."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    for n, lx, proportions in (("64", "100", False), ("16", "3", True)):
+        code, out = _poisson(
+            tmp_path, "--case", "dirichlet", "--nx", n, "--ny", "4", "--lx", lx, "--overwrite"
+        )
+        assert code == 0
+        assert main(["plot", str(out), "--output", str(tmp_path / "p.png")]) == 0
+        panels = [ax for ax in figures[-1].axes if ax.get_label() != "<colorbar>"]
+        assert len(panels) == 3
+        for ax in panels:
+            box = ax.get_window_extent()
+            if proportions:
+                assert box.height / box.width == pytest.approx(1 / 3, rel=0.02)
+            else:
+                assert box.height > 0.5 * box.width
+
+
 def test_plot_waits_out_a_writer_holding_the_lock(tmp_path, monkeypatch, capsys):
     """A running file is locked for a moment at every frame: `physjax plot` tries again
     (it used to stop with "cannot read … unable to lock file")."""
