@@ -78,7 +78,8 @@ def _time_text(t: float) -> str:
     """A simulated time for a title: seconds below a day (no exponent), else days."""
     if t >= 86400:
         days = t / 86400
-        return f"{days:.3g} day{'' if round(days, 3) == 1 else 's'}"
+        number = f"{days:.0f}" if days >= 1000 else f"{days:.3g}"  # 1157 days, not 1.16e+03
+        return f"{number} day{'' if round(days, 3) == 1 else 's'}"
     return f"{t:.0f} s" if t >= 10 or t == int(t) else f"{t:.3g} s"
 
 

@@ -444,6 +444,9 @@ def test_plot_of_non_finite_and_constant_fields(tmp_path, capsys):
     assert [_time_text(t) for t in (0.0, 12000.0, 86400.0, 172800.0)] == [
         "0 s", "12000 s", "1 day", "2 days"
     ]  # fmt: skip
+    # a wind gyre spun up for 3 years was titled "t = 1.16e+03 days"
+    long_runs = [_time_text(t) for t in (3.1104e7, 8.64e7, 1e8)]
+    assert long_runs == ["360 days", "1000 days", "1157 days"]
 
 
 def test_plot_of_a_height_field_with_one_inf_cell_draws_the_others(tmp_path, monkeypatch):
