@@ -171,7 +171,10 @@ def plot_panels(
     title_time = ""
     if "time" in sel.coords or "time" in sel:
         title_time = f", t = {_time_text(float(sel['time']))}"
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False)
+    # constrained: tight_layout let the title overlap a panel's two-line title (3-D)
+    fig, axes = plt.subplots(
+        1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False, layout="constrained"
+    )
     for ax, (var, label, units, cmap) in zip(axes[0], panels):
         title = label
         if names is not None:
@@ -212,7 +215,6 @@ def plot_panels(
     status = str(sel.attrs.get("status", ""))
     failed = f"\nthe run {status}" if status.startswith("failed") else ""
     fig.suptitle(f"physjax {case}{title_time}{failed}")
-    fig.tight_layout()
     fig.savefig(os.fspath(output), dpi=110, bbox_inches="tight")
     plt.close(fig)
     return os.fspath(output)

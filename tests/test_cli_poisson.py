@@ -420,6 +420,27 @@ def test_plot_of_a_long_channel_is_not_a_sliver(tmp_path, monkeypatch):
                 assert box.height > 0.5 * box.width
 
 
+def test_plot_title_does_not_overlap_the_panel_titles(tmp_path, monkeypatch):
+    """The figure's title ("physjax poisson, …") was drawn over the two-line panel titles of
+    a 3-D solve ("… at z = 1.12 m"): tight_layout left it no room; a failed run's two-line
+    title came as close."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    png = str(tmp_path / "p.png")
+    code, out = _poisson(tmp_path, "--n", "16", "--nz", "8", "--lz", "2", "--plot", png)
+    assert code == 0
+    fig = figures[-1]
+    renderer = fig.canvas.get_renderer()
+    top = fig._suptitle.get_window_extent(renderer)
+    panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    assert len(panels) == 3
+    for ax in panels:
+        assert ax.title.get_text().endswith("at z = 1.12 m")
+        assert ax.title.get_window_extent(renderer).y1 < top.y0
+
+
 def test_plot_waits_out_a_writer_holding_the_lock(tmp_path, monkeypatch, capsys):
     """A running file is locked for a moment at every frame: `physjax plot` tries again
     (it used to stop with "cannot read … unable to lock file")."""
