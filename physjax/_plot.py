@@ -83,6 +83,13 @@ def _time_text(t: float) -> str:
     return f"{t:.0f} s" if t >= 10 or t == int(t) else f"{t:.3g} s"
 
 
+def _length_text(z: float) -> str:
+    """A level for a title: metres below 10 km (no exponent), else km."""
+    if abs(z) >= 1e4:
+        return f"{z / 1e3:.4g} km"
+    return f"{z:.0f} m" if abs(z) >= 100 else f"{z:.3g} m"
+
+
 def _colour_scale(data: np.ndarray, cmap: str):
     """``(data, vmin, vmax, exponent, note)`` for a panel: the scale is taken from the
     finite values only (NaN/Inf are drawn in the colour map's 'bad' colour and counted in
@@ -183,7 +190,7 @@ def plot_panels(
             level = var.sizes[var.dims[0]] // 2
             z = float(sel[var.dims[0]][level])
             var = var.isel({var.dims[0]: level})
-            title = f"{title}\nat z = {z:.3g} m"
+            title = f"{title}\nat z = {_length_text(z)}"
         x, y, xy_units = _axes(sel, var.dims[-2:])
         data, vmin, vmax, exponent, note = _colour_scale(np.asarray(var, dtype=float), cmap)
         if exponent:  # the power of ten in the label, not over the bar

@@ -441,6 +441,22 @@ def test_plot_title_does_not_overlap_the_panel_titles(tmp_path, monkeypatch):
         assert ax.title.get_window_extent(renderer).y1 < top.y0
 
 
+def test_plot_of_a_deep_3d_box_gives_its_level_without_an_exponent(tmp_path, monkeypatch):
+    """An ocean-sized 3-D solve (4 km deep) titled its panels "at z = 2.5e+03 m"; the level is
+    now in whole metres below 10 km, in km above."""
+    import matplotlib.axes
+
+    titles = []
+    monkeypatch.setattr(matplotlib.axes.Axes, "set_title", lambda ax, t, **kw: titles.append(t))
+    png = str(tmp_path / "p.png")
+    code, _ = _poisson(tmp_path, "--n", "8", "--nz", "4", "--lz", "4000", "--plot", png)
+    assert code == 0
+    assert [t.split("\n")[1] for t in titles] == ["at z = 2500 m"] * 3
+    from physjax._plot import _length_text
+
+    assert [_length_text(z) for z in (0.5625, 56.25, 12500.0)] == ["0.562 m", "56.2 m", "12.5 km"]
+
+
 def test_plot_waits_out_a_writer_holding_the_lock(tmp_path, monkeypatch, capsys):
     """A running file is locked for a moment at every frame: `physjax plot` tries again
     (it used to stop with "cannot read … unable to lock file")."""
