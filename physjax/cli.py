@@ -1162,9 +1162,20 @@ def _cmd_plot(args) -> int:
         raise ValueError(f"file {args.file!r} does not exist")
     if not os.path.isfile(args.file):
         raise ValueError(f"{args.file!r} is not a regular file (a device or pipe)")
+    import time
+
+    from . import _plot
     from .io import read_attrs
 
-    if "physjax_version" not in read_attrs(args.file):  # its axes and units would be guesses
+    for attempt in range(_plot._OPEN_TRIES):  # a running writer locks it for a moment
+        try:
+            attrs = read_attrs(args.file)
+            break
+        except BlockingIOError as e:
+            if attempt + 1 == _plot._OPEN_TRIES:
+                raise ValueError(f"{e.strerror} (is a run stuck while writing it?)") from None
+            time.sleep(0.1)
+    if "physjax_version" not in attrs:  # its axes and units would be guesses
         raise ValueError(
             f"{args.file!r} was not written by physjax: `physjax plot` draws physjax output "
             "files (xarray's .plot() draws any NetCDF variable)"

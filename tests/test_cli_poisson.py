@@ -482,6 +482,30 @@ def test_plot_waits_out_a_writer_holding_the_lock(tmp_path, monkeypatch, capsys)
     assert "cannot read" in capsys.readouterr().err
 
 
+def test_plot_waits_out_a_real_writer_lock(tmp_path, monkeypatch, capsys):
+    """`physjax plot` of a running file that met a frame being appended stopped with a
+    traceback (BlockingIOError from the check that physjax wrote the file, before the
+    retried read); it now tries again, and a lock that stays names the file (exit 2)."""
+    import physjax._plot
+
+    out = tmp_path / "p.h5"
+    assert main(["poisson", "--n", "16", "--output", str(out), "--quiet"]) == 0
+    hold = "import h5py, sys, time; f = h5py.File(sys.argv[1], 'a'); print(1, flush=True); "
+    for seconds, tries, code in (("0.5", 30, 0), ("5", 2, 2)):
+        monkeypatch.setattr(physjax._plot, "_OPEN_TRIES", tries)
+        writer = subprocess.Popen(
+            [sys.executable, "-c", hold + f"time.sleep({seconds})", str(out)],
+            stdout=subprocess.PIPE,
+        )
+        try:
+            assert writer.stdout.readline().strip() == b"1"  # the lock is held
+            assert main(["plot", str(out), "--output", str(tmp_path / "p.png")]) == code
+        finally:
+            writer.kill()
+            writer.wait()
+    assert f"{str(out)!r} is locked by a process writing it" in capsys.readouterr().err
+
+
 @pytest.fixture
 def rhs_file(tmp_path):
     path = tmp_path / "in.h5"
