@@ -118,6 +118,19 @@ def _colour_scale(data: np.ndarray, cmap: str):
     return data, lo / scale, hi / scale, exponent, note
 
 
+def _status_text(status: str) -> str:
+    """A second title line for a run that did not end as asked; none for a complete one."""
+    from .io import STATUS_INTERRUPTED, STATUS_RUNNING, STATUS_STOPPED
+
+    if status.startswith("failed"):
+        return f"\nthe run {status}"
+    if status.startswith((STATUS_INTERRUPTED, STATUS_STOPPED)):
+        return f"\nthe run was {status}"
+    if status == STATUS_RUNNING:  # still running, or killed without a word
+        return "\nthe run has not finished (status 'running')"
+    return ""
+
+
 def plot_panels(
     path: str | os.PathLike,
     output: str | os.PathLike,
@@ -219,9 +232,7 @@ def plot_panels(
             else:
                 when = f"{value:g} {unit}"
             case += f" (frame {config.get('frame')}, t = {when})"
-    status = str(sel.attrs.get("status", ""))
-    failed = f"\nthe run {status}" if status.startswith("failed") else ""
-    fig.suptitle(f"physjax {case}{title_time}{failed}")
+    fig.suptitle(f"physjax {case}{title_time}{_status_text(str(sel.attrs.get('status', '')))}")
     fig.savefig(os.fspath(output), dpi=110, bbox_inches="tight")
     plt.close(fig)
     return os.fspath(output)

@@ -449,6 +449,34 @@ def test_plot_of_non_finite_and_constant_fields(tmp_path, capsys):
     assert long_runs == ["360 days", "1000 days", "1157 days"]
 
 
+def test_plot_title_says_when_the_run_did_not_end_as_asked(tmp_path, monkeypatch):
+    """Only a failed run was named in the plot's title: an interrupted run, one stopped by
+    --max-frames and one still running (or killed without a word) looked complete."""
+    import matplotlib.figure
+
+    titles = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "suptitle", lambda fig, t, **kw: titles.append(t))
+    run = tmp_path / "w.h5"
+    args = ["shallow-water", "--case", "gravity-wave", "--n", "16", "--t-end", "3000", "--quiet"]
+    assert main([*args, "--output", str(run)]) == 0
+    endings = {
+        "complete": None,
+        "running": "the run has not finished (status 'running')",
+        "interrupted: at step 3, t = 300 s": "the run was interrupted: at step 3, t = 300 s",
+        "stopped: at step 3, t = 300 s": "the run was stopped: at step 3, t = 300 s",
+        "failed: NaN at step 3": "the run failed: NaN at step 3",
+    }
+    for status, ending in endings.items():
+        with h5py.File(run, "a") as f:
+            f.attrs["status"] = status
+        titles.clear()
+        assert main(["plot", str(run), "--output", str(tmp_path / "w.png")]) == 0
+        (title,) = titles
+        lines = title.split("\n")
+        assert lines[0].startswith("physjax gravity-wave, t = ")
+        assert lines[1:] == ([] if ending is None else [ending]), status
+
+
 def test_plot_of_a_height_field_with_one_inf_cell_draws_the_others(tmp_path, monkeypatch):
     """One Inf cell in h (a run blowing up) made the mean Inf, so the whole height-anomaly
     panel was NaN and drawn empty, "(no finite value)"; the mean is now of the finite cells,
