@@ -198,13 +198,15 @@ def resolve_settings(
             settings[key] = value
     for key, value in getattr(args, "param", None) or []:
         settings["parameters"][key] = value
-    # --n sets nx and ny unless those are given themselves (command line before config).
+    # --n sets nx and ny unless those are given themselves (command line before config);
+    # "_given_as" keeps the option the user gave for them, for messages about them.
     n = settings.pop("n", None)
     if n is not None:
         n = _positive_number("--n", n, integer=True)
         for key in ("nx", "ny"):
             if getattr(args, key, None) is None and (args.n is not None or key not in settings):
                 settings[key] = n
+                settings.setdefault("_given_as", {})[key] = f"--n {n!r}"
     return settings
 
 
@@ -534,11 +536,14 @@ def _sw_variables():
 _RESUME_FREE = ("output", "plot", "parameters", "max_frames", "quiet")
 
 
-def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dict) -> None:
+def _check_resume_settings(
+    given: dict, stored: dict, output: str, defaults: dict, given_as: dict | None = None
+) -> None:
     """A run continues with the configuration stored in its file: a setting given with
     ``--resume`` (other than ``--output``, ``--plot``, ``--max-frames``, ``--quiet`` and
     ``--devices``, a new layout) must not differ from it. A ``--dt`` is compared with the
-    one asked for when the run began."""
+    one asked for when the run began. `given_as` names the option a setting came from
+    where it is not its own (``--n 32`` for ``nx`` and ``ny``)."""
 
     def same(a, b):
         norm = lambda v: list(v) if isinstance(v, (tuple, list)) else v  # noqa: E731
@@ -568,6 +573,9 @@ def _check_resume_settings(given: dict, stored: dict, output: str, defaults: dic
                     if stored.get("dt_requested") is not None
                     else f"the stored dt {stored.get('dt')!r} (the file records no --cfl)"
                 )
+            elif key in (given_as or {}):  # --n 32: the stored grid, both sizes
+                option = given_as[key]
+                was = f"the stored --nx {stored.get('nx')!r} --ny {stored.get('ny')!r}"
             else:
                 option = f"--{key.replace('_', '-')} {value!r}"
                 was = f"the stored {was!r}" if key in stored else f"the stored run (no {key})"
@@ -737,6 +745,8 @@ def _run_shallow_water(
     from .solvers.shallow_water import CASES
 
     out = sys.stdout if out is None else out
+    settings = dict(settings)
+    given_as = settings.pop("_given_as", None) or {}
     if max_frames is not None:
         max_frames = _positive_number("--max-frames", max_frames, integer=True)
     relayout = None  # (the run's layout, the layout it continues on)
@@ -755,7 +765,7 @@ def _run_shallow_water(
         if not isinstance(stored, dict) or stored.get("command") != "shallow-water":
             raise ValueError(f"--resume: {output!r} was not written by physjax shallow-water")
         case = CASES.get(stored.get("case"))
-        _check_resume_settings(settings, stored, output, case.defaults if case else {})
+        _check_resume_settings(settings, stored, output, case.defaults if case else {}, given_as)
         if attrs.get("status") == "complete":
             plot = settings.get("plot")
             _check_plot_path(plot, output=output)

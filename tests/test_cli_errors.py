@@ -197,7 +197,7 @@ def test_resume_of_a_complete_file_still_checks_the_settings(tmp_path, capsys):
     before = out.read_bytes()
     resume = ["shallow-water", "--output", str(out), "--resume", "--quiet"]
     code, err = _error(capsys, [*resume, "--n", "32"])
-    assert code == 2 and "--nx 32 differs from the stored 16" in err
+    assert code == 2 and "--n 32 differs from the stored --nx 16 --ny 16" in err
     code, err = _error(capsys, [*resume, "--case", "zonal-jet"])
     assert code == 2 and "--case 'zonal-jet' differs from the stored 'gravity-wave'" in err
     code, err = _error(capsys, [*resume, "--no-cfl-check"])

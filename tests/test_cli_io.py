@@ -438,7 +438,10 @@ def test_resume_refuses_settings_that_differ_from_the_stored_run(tmp_path, capsy
     assert status.startswith("stopped: at step 4,")
     for extra, match in (
         (["--precision", "float64"], "--precision 'float64' differs from the stored 'float32'"),
-        (["--n", "32"], "--nx 32 differs from the stored 16"),
+        # the option given is named: --n, not the --nx (or --ny) it sets
+        (["--n", "32"], "--n 32 differs from the stored --nx 16 --ny 16 (leave it out"),
+        (["--ny", "32"], "--ny 32 differs from the stored 16"),
+        (["--n", "32", "--nx", "16"], "--n 32 differs from the stored --nx 16 --ny 16"),
         (["--cfl", "0.3"], "--cfl 0.3 differs from the stored 0.5"),
         (["--param", "amplitude=0.05"], "parameter amplitude=0.05 differs from the stored 0.02"),
     ):
