@@ -896,9 +896,10 @@ def _run_shallow_water(
             mesh = make_mesh(
                 tuple(devices) if isinstance(devices, (tuple, list)) else n_dev, ndim=2
             )
+            model.check_mesh(mesh)  # the mesh divides the grid, walls keep 2 cells per device
         except ValueError as e:
             hint = ""
-            if resume and relayout is None:
+            if resume and relayout is None and mesh is None:  # fewer devices than it began on
                 hint = (
                     f". The run began on this layout; to continue it on the devices there "
                     f"are, give them: physjax shallow-water --output {shlex.quote(output)} "
@@ -906,7 +907,6 @@ def _run_shallow_water(
                     f"round-off, not bit for bit)"
                 )
             raise ValueError(f"--devices {_shown_devices(devices)}: {e}{hint}") from None
-        model.check_mesh(mesh)  # the mesh divides the grid, walls keep 2 cells per device
 
     output = output or f"{case_name}.h5"
     _check_output_name(output)

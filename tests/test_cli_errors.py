@@ -37,7 +37,7 @@ def _error(capsys, argv):
         ),
         (
             ["--case", "wind-gyre", "--nx", "8", "--ny", "4", "--devices", "4x1"],
-            "ny=4 split 4 ways leaves 1 cell(s) per device; a walled y axis needs at least 2",
+            "--devices 4x1: ny=4 split 4 ways leaves 1 cell(s) per device; a walled y axis",
         ),
     ],
 )

@@ -282,7 +282,8 @@ def test_blow_up_stops_with_step_and_keeps_frames(tmp_path, capsys):
         ),
         (["--dt", "-3"], "--dt must be a finite number > 0"),
         (["--case", "nope"], "unknown case 'nope'"),
-        (["--devices", "1x4", "--nx", "30"], "mesh does not divide the grid: nx=30"),
+        (["--devices", "1x4", "--nx", "30"], "--devices 1x4: the mesh does not divide the grid"),
+        (["--devices", "3"], "--devices 3: the mesh does not divide the grid: ny=16 cannot"),
         (["--devices", "64"], "devices=64 requested"),
         # a step count that overflows to inf: it gave an OverflowError traceback
         (["--t-end", "1e308", "--dt", "0.01"], "--dt 0.01 s takes inf steps"),
