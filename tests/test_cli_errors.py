@@ -131,6 +131,21 @@ def test_wrong_parameter_type_on_the_command_line(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_parameter_naming_a_choice_lists_the_choices_and_where_it_came_from(tmp_path, capsys):
+    """``--param boundary=sticky`` reached the model's own check, whose message named
+    neither the parameter as given nor --param."""
+    gyre = ["--case", "wind-gyre", "--n", "8", "--t-end", "3600", "--quiet"]
+    argv = ["shallow-water", *gyre, "--output", str(tmp_path / "o.h5")]
+    code, err = _error(capsys, [*argv, "--param", "boundary=sticky"])
+    assert code == 2
+    assert err == (
+        "physjax shallow-water: error: parameter boundary must be 'free-slip' or 'no-slip', "
+        "got 'sticky' (--param, or the [parameters] table of --config)\n"
+    )
+    assert list(tmp_path.iterdir()) == []
+    assert main([*argv, "--param", "boundary=no-slip"]) == 0
+
+
 @pytest.mark.parametrize(
     "extra, match",
     [

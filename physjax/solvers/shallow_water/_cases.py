@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import typing
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from ..._custom_types import is_concrete
 from ...grids import CENTRE, X_FACE, Y_FACE, Grid
-from ._model import ShallowWater, ShallowWaterState
+from ._model import Boundary, ShallowWater, ShallowWaterState
 
 DAY = 86400.0
 
@@ -408,9 +409,14 @@ _PERIODIC = {
 }
 
 
+#: The values a parameter that names a choice may take.
+_CHOICES = {"boundary": typing.get_args(Boundary)}
+
+
 def _check_type(name: str, value: Any, default: Any) -> None:
     """A parameter takes the type of its default: a number (int or float, not bool), an
-    integer (not bool) or a string."""
+    integer (not bool) or a string, and one that names a choice (``boundary``) one of its
+    values."""
     integer = isinstance(value, (int, np.integer)) and not isinstance(value, bool)
     if isinstance(default, str):
         ok, kind = isinstance(value, str), "a string"
@@ -431,6 +437,10 @@ def _check_type(name: str, value: Any, default: Any) -> None:
             f"parameter {name} must be {kind} (default {default!r}), got {value!r} "
             f"({type(value).__name__})"
         )
+    choices = _CHOICES.get(name)
+    if choices is not None and value not in choices:
+        names = " or ".join(", ".join(map(repr, choices)).rsplit(", ", 1))
+        raise ValueError(f"parameter {name} must be {names}, got {value!r}")
 
 
 def make_case(
