@@ -699,6 +699,7 @@ def run_shallow_water(
     overwrite: bool = False,
     max_frames: int | None = None,
     quiet: bool = False,
+    no_plot: bool = False,
     out=None,
 ) -> dict:
     """Run a shallow-water case from resolved settings; returns a summary dict.
@@ -718,6 +719,7 @@ def run_shallow_water(
             overwrite=overwrite,
             max_frames=max_frames,
             quiet=quiet,
+            no_plot=no_plot,
             out=out,
         )
 
@@ -730,6 +732,7 @@ def _run_shallow_water(
     overwrite: bool,
     max_frames: int | None,
     quiet: bool,
+    no_plot: bool,
     out,
 ) -> dict:
     from .io import (
@@ -749,6 +752,9 @@ def _run_shallow_water(
     given_as = settings.pop("_given_as", None) or {}
     if max_frames is not None:
         max_frames = _positive_number("--max-frames", max_frames, integer=True)
+    if no_plot and settings.get("plot") is not None:
+        raise ValueError("--plot and --no-plot exclude each other: give one of them")
+    plot_stored = False  # the picture is the --plot stored in the file being resumed
     relayout = None  # (the run's layout, the layout it continues on)
     reversion = None  # (the physjax version the run began with, this one), when they differ
     output = settings.get("output")
@@ -782,7 +788,10 @@ def _run_shallow_water(
                 f"--dt or --cfl"
             )
         given_devices = settings.get("devices")
-        settings = {**stored, "output": output, "plot": settings.get("plot") or stored.get("plot")}
+        plot = settings.get("plot")
+        plot_stored = plot is None and not no_plot and stored.get("plot") is not None
+        plot = stored.get("plot") if plot_stored else plot
+        settings = {**stored, "output": output, "plot": plot}
         if given_devices is not None and _layout(given_devices) != _layout(stored.get("devices")):
             # Continuing on another machine: the stencils are the same on every layout, but
             # XLA compiles each layout's program on its own, so from here on the frames
@@ -916,7 +925,15 @@ def _run_shallow_water(
         held.enter_context(output_lock(output))
         replacing = _check_overwrite(output, overwrite)
     plot = settings.get("plot")
-    _check_plot_path(plot, output=output)
+    try:
+        _check_plot_path(plot, output=output)
+    except ValueError as e:
+        if not (resume and plot_stored):
+            raise
+        raise ValueError(
+            f"{e} (the --plot the run was started with, drawn again on --resume: give another "
+            f"--plot, or --no-plot)"
+        ) from None
     resolved = {
         "command": "shallow-water",
         "case": case_name,
@@ -1155,12 +1172,15 @@ def _cmd_shallow_water(args) -> int:
         settings["cfl_check"] = not no_check
     max_frames = settings.pop("max_frames", None)
     quiet = bool(settings.pop("quiet", None))
+    if args.no_plot and args.plot is None:  # the command line wins over a config's plot
+        settings.pop("plot", None)
     run_shallow_water(
         settings,
         resume=args.resume,
         overwrite=args.overwrite,
         max_frames=max_frames,
         quiet=quiet,
+        no_plot=args.no_plot,
     )
     return 0
 
@@ -1233,6 +1253,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run a rotating shallow-water case on the C-grid.",
     )
     add_run_options(sw, list(SW_CASES), "geostrophic-adjustment")
+    sw.add_argument(
+        "--no-plot",
+        dest="no_plot",
+        action="store_true",
+        help="draw no picture (on --resume: not the --plot the run was started with)",
+    )
     sw.set_defaults(func=_cmd_shallow_water)
 
     try:

@@ -1590,3 +1590,34 @@ def test_a_run_stopped_before_its_first_frame_leaves_no_file(tmp_path, monkeypat
     assert not out.exists()
     monkeypatch.undo()
     assert _run(tmp_path)[0] == 0  # no --overwrite needed
+
+
+def test_resume_with_no_plot_draws_no_picture_where_the_run_had_one(tmp_path, capsys, monkeypatch):
+    """A run started with --plot drew it again on every --resume: a resume from another
+    folder, where the stored relative path leads nowhere, could only go on with a new
+    --plot. --no-plot leaves the picture out."""
+    began, elsewhere = tmp_path / "began", tmp_path / "elsewhere"
+    (began / "figs").mkdir(parents=True)
+    elsewhere.mkdir()
+    out = tmp_path / "r.h5"
+    monkeypatch.chdir(began)
+    assert main(["shallow-water", *FAST, "--save-every", "2", "--output", str(out),
+                 "--plot", "figs/a.png", "--max-frames", "1"]) == 0  # fmt: skip
+    (began / "figs" / "a.png").unlink()
+    monkeypatch.chdir(elsewhere)
+    before = out.read_bytes()
+    capsys.readouterr()
+    resume = ["shallow-water", "--output", str(out), "--resume", "--quiet"]
+    assert main(resume) == 2
+    err = capsys.readouterr().err
+    assert "--plot 'figs/a.png': folder" in err
+    assert "(the --plot the run was started with, drawn again on --resume: give another " in err
+    assert err.rstrip().endswith("--plot, or --no-plot)")
+    assert out.read_bytes() == before
+    assert main([*resume, "--no-plot", "--plot", "b.png"]) == 2
+    assert "--plot and --no-plot exclude each other" in capsys.readouterr().err
+    assert main([*resume, "--no-plot"]) == 0
+    assert capsys.readouterr().out.startswith("wrote 5 more frames (7 in the file) of")
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["status"] == "complete" and ds.sizes["time"] == 7
+    assert list(elsewhere.iterdir()) == [] and list((began / "figs").iterdir()) == []
