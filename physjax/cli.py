@@ -976,6 +976,13 @@ def _run_shallow_water(
     with _StopRequest() as stop:
         if resume:
             last = read_frame(output)
+            step = float(last["step"])
+            if not (0 <= step <= n_steps and step.is_integer()):  # a damaged file
+                raise ValueError(
+                    f"--resume: the last frame of {output!r} is at step {last['step'].item()!r}, "
+                    f"not one of its run's steps (0 to {n_steps}): the file's 'step' variable "
+                    f"is damaged; start a new run (--overwrite)"
+                )
             try:  # before the file is touched: a frame no run can continue from is refused
                 state = model.initial_state(last["h"], last["u"], last["v"])
             except ValueError as e:

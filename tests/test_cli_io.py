@@ -1285,6 +1285,34 @@ def test_resume_refuses_a_failed_run_and_leaves_it_as_it_was(tmp_path, capsys):
     assert out.read_bytes() == before
 
 
+@pytest.mark.parametrize(
+    "variable, value, match",
+    [
+        ("h", np.nan, "(step 4) is not a state the run can continue from: h must be finite"),
+        # a damaged step: -5 made the run stop with a traceback and 'interrupted: …' in the
+        # file; 99 (past the run's 12 steps) marked it complete at 't = 59400 s'
+        ("step", -5, "is at step -5, not one of its run's steps (0 to 12): the file's 'step'"),
+        ("step", 99, "is at step 99, not one of its run's steps (0 to 12)"),
+    ],
+)
+def test_resume_refuses_a_last_frame_it_cannot_continue(tmp_path, capsys, variable, value, match):
+    out = tmp_path / "d.h5"
+    argv = ["shallow-water", *FAST, "--save-every", "2", "--output", str(out)]
+    assert main([*argv, "--max-frames", "2"]) == 0
+    with h5py.File(out, "a") as f:
+        if variable == "step":
+            f["step"][-1] = value
+        else:
+            f[variable][-1, 3, 3] = value
+    before = out.read_bytes()
+    capsys.readouterr()
+    assert main(["shallow-water", "--output", str(out), "--resume", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"physjax shallow-water: error: --resume: the last frame of {str(out)!r}")
+    assert match in err and err.count("\n") == 1
+    assert out.read_bytes() == before
+
+
 @pytest.mark.parametrize("began, then, shown", [("2x2", "1", "1x1"), ("1", "4x1", "4x1")])
 def test_resume_continues_on_another_device_layout(tmp_path, capsys, began, then, shown):
     """A run begun on one layout goes on on another (a 4-GPU job resumed on one GPU): the
