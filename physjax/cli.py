@@ -252,6 +252,32 @@ def _layout(devices) -> tuple[int, ...]:
     return tuple(v) if isinstance(v, (tuple, list)) else _default_layout(int(v), 2)
 
 
+def _check_devices_divide(devices, shape: tuple[int, ...]) -> None:
+    """Refuse a ``--devices`` setting that cannot split a grid of `shape` evenly, before
+    jax starts: on a CPU the command simulates every device asked for, and a mistyped
+    ``--devices 1000000`` took minutes and tens of GiB to be told that it does not divide
+    the grid. (A layout of the wrong length is left to ``make_mesh``'s message.)"""
+    from .grids import Grid
+
+    value = _devices_setting(devices)
+    n = math.prod(value) if isinstance(value, (tuple, list)) else value
+    cells = math.prod(shape)
+    if n > cells:
+        grid = "×".join(map(str, shape))
+        raise ValueError(
+            f"--devices {_shown_devices(value)}: {n} devices for a grid of {grid} = {cells} "
+            f"cells; each device takes a block of at least one cell: give fewer devices or a "
+            f"larger grid"
+        )
+    layout = _layout(value)
+    if len(layout) == len(shape):
+        names = ("z", "y", "x")[3 - len(shape) :]
+        try:  # the grid's own check (no jax backend needed): the split is even
+            Grid(shape, (1.0,) * len(shape), dtype="float32").on_mesh(names, layout)
+        except ValueError as e:
+            raise ValueError(f"--devices {_shown_devices(value)}: {e}") from None
+
+
 def _shown_devices(devices) -> str:
     return "x".join(str(d) for d in devices) if isinstance(devices, (tuple, list)) else str(devices)
 
@@ -811,6 +837,12 @@ def _run_shallow_water(
     precision = settings.get("precision")
     precision = "float32" if precision is None else precision
     devices = _devices_setting(settings.get("devices"))
+    kw = {}
+    for key in ("nx", "ny"):
+        if settings.get(key) is not None:
+            kw[key] = _positive_number(f"--{key}", settings[key], integer=True)
+    shape = CASES[case_name].shape
+    _check_devices_divide(devices, (kw.get("ny", shape[0]), kw.get("nx", shape[1])))
     setup_jax(precision, devices)
 
     import jax
@@ -821,10 +853,6 @@ def _run_shallow_water(
     from .parallel import make_mesh, shard
     from .solvers.shallow_water import make_case
 
-    kw = {}
-    for key in ("nx", "ny"):
-        if settings.get(key) is not None:
-            kw[key] = _positive_number(f"--{key}", settings[key], integer=True)
     params = dict(settings.get("parameters") or {})
     for key, option in _OPTION_PARAMETERS.items():
         if key in params:

@@ -366,6 +366,38 @@ def test_empty_strings_are_refused_not_taken_for_defaults(tmp_path, capsys, sett
     assert sorted(os.listdir(tmp_path)) == ["e.toml"]
 
 
+@pytest.mark.parametrize(
+    "devices, match",
+    [
+        # simulated on a CPU before the mesh was checked: 21 GiB and minutes to say this
+        ("1000000", "--devices 1000000: 1000000 devices for a grid of 16×16 = 256 cells;"),
+        ("3", "--devices 3: the mesh does not divide the grid: ny=16 cannot be split into 3"),
+        ("1x32", "--devices 1x32: the mesh does not divide the grid: nx=16 cannot be split"),
+    ],
+)
+def test_devices_that_cannot_split_the_grid_are_refused_before_jax_starts(
+    tmp_path, capsys, monkeypatch, devices, match
+):
+    from physjax import cli
+
+    started = []
+    monkeypatch.setattr(cli, "setup_jax", lambda *a: started.append(a))
+    for resume in ([], ["--resume"]):
+        out = tmp_path / "o.h5"
+        code, err = _error(
+            capsys, ["shallow-water", *FAST, "--output", str(out), "--devices", devices, *resume]
+        )
+        assert code == 2 and match in err and err.count("\n") == 1, err
+        assert started == []  # the devices were never simulated
+        if not resume:  # a stopped run, continued on a layout that cannot split it
+            assert list(tmp_path.iterdir()) == []
+            monkeypatch.undo()
+            assert main(["shallow-water", *FAST, "--output", str(out), "--max-frames", "1"]) == 0
+            monkeypatch.setattr(cli, "setup_jax", lambda *a: started.append(a))
+            before = out.read_bytes()
+    assert out.read_bytes() == before
+
+
 def test_devices_raise_a_smaller_simulated_device_count_already_in_xla_flags(monkeypatch):
     # `physjax … --devices 4` sets the simulated device count; one already in XLA_FLAGS that
     # is too small used to stay and the run stopped with "only 2 available"
