@@ -778,6 +778,7 @@ def _run_shallow_water(
     given_as = settings.pop("_given_as", None) or {}
     if max_frames is not None:
         max_frames = _positive_number("--max-frames", max_frames, integer=True)
+    _devices_setting(settings.get("devices"))  # also where nothing runs (a complete file)
     if no_plot and settings.get("plot") is not None:
         raise ValueError("--plot and --no-plot exclude each other: give one of them")
     plot_stored = False  # the picture is the --plot stored in the file being resumed

@@ -217,6 +217,8 @@ def test_resume_of_a_complete_file_still_checks_the_settings(tmp_path, capsys):
     assert code == 2 and "--case 'zonal-jet' differs from the stored 'gravity-wave'" in err
     code, err = _error(capsys, [*resume, "--no-cfl-check"])
     assert code == 2 and "--no-cfl-check differs from the stored run" in err
+    code, err = _error(capsys, [*resume, "--devices", "0"])  # was "already complete", exit 0
+    assert code == 2 and "--devices takes a count like 4 or a layout like 2x2" in err
     assert out.read_bytes() == before
     assert main([*resume, "--case", "gravity-wave"]) == 0
     assert "already complete; nothing to resume" in capsys.readouterr().out
