@@ -806,3 +806,36 @@ def test_traced_max_stable_dt_keeps_a_float32_model_in_float32():
         dt = jax.jit(lambda st, cfl=cfl: m.max_stable_dt(st, cfl))(s)
         assert dt.dtype == jnp.float32
         assert float(dt) == pytest.approx(m.max_stable_dt(s, 0.5), rel=1e-6)
+
+
+def test_shared_advance_and_integrate_name_a_traced_or_fractional_count():
+    """``physjax.solvers.advance``/``integrate`` (public, for your own ``step``) failed with
+    JAX's TracerBoolConversionError or ConcretizationTypeError when a count was traced, ran
+    3 steps for ``n_steps=2.5`` and none for ``-1``, and stacked copies of ``y0`` for
+    ``save_every=0``."""
+    from physjax.solvers import advance, integrate, ssprk3_step
+
+    def step(y, t, dt):
+        return ssprk3_step(lambda y, t: -y, y, t, dt)
+
+    y0 = jnp.ones(3)
+    for name, call in (
+        ("n_steps", lambda n: advance(step, y0, 0.0, 0.1, n)),
+        ("n_frames", lambda n: integrate(step, y0, 0.0, 0.1, n, 2)),
+        ("save_every", lambda n: integrate(step, y0, 0.0, 0.1, 2, n)),
+    ):
+        with pytest.raises(ValueError, match=rf"^{name} must be a fixed integer, not a traced"):
+            jax.jit(call)(4)
+    with pytest.raises(ValueError, match=r"^n_steps must be an integer >= 0, got 2\.5$"):
+        advance(step, y0, 0.0, 0.1, 2.5)
+    with pytest.raises(ValueError, match=r"^n_steps must be an integer >= 0, got -1$"):
+        advance(step, y0, 0.0, 0.1, -1)
+    with pytest.raises(ValueError, match=r"^save_every must be a positive integer, got 0$"):
+        integrate(step, y0, 0.0, 0.1, 2, 0)
+    # fixed counts (NumPy integers too) work, inside jit as well, and 0 steps return y
+    three = advance(step, y0, 0.0, 0.1, np.int32(3))
+    assert float(three[0]) == pytest.approx(float(jnp.exp(-0.3)), rel=1e-4)
+    assert float(jax.jit(lambda y: advance(step, y, 0.0, 0.1, 3))(y0)[0]) == float(three[0])
+    assert float(advance(step, y0, 0.0, 0.1, 0)[0]) == 1.0
+    frames = integrate(step, y0, 0.0, 0.1, np.int64(2), 3)
+    assert frames.shape == (2, 3) and float(frames[0, 0]) == float(three[0])

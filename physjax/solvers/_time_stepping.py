@@ -14,6 +14,7 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 PyTree = Any
@@ -99,6 +100,21 @@ def scheme(name: str) -> Callable:
     return SCHEMES[name][0]
 
 
+def _count(name: str, n, minimum: int) -> int:
+    """``n`` as an ``int``, refusing a traced value (it sets the length of a compiled loop)
+    and anything but an integer (Python or NumPy) ``>= minimum``."""
+    if isinstance(n, jax.core.Tracer):
+        raise ValueError(
+            f"{name} must be a fixed integer, not a traced value: it sets the length of the "
+            f"compiled loop; inside jax.jit pass it as a static argument "
+            f"(static_argnums/static_argnames) or close over a Python int"
+        )
+    if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < minimum:
+        need = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ValueError(f"{name} must be {need}, got {n!r}")
+    return int(n)
+
+
 def advance(step: Callable, y: PyTree, t0, dt, n_steps: int, block: Block | None = None) -> PyTree:
     """Apply ``step(y, t, dt)`` ``n_steps`` times inside one ``lax.scan``.
 
@@ -106,7 +122,11 @@ def advance(step: Callable, y: PyTree, t0, dt, n_steps: int, block: Block | None
     ``block = (S, step_S)``, where ``step_S(y, ts, dt)`` applies ``S`` steps from the times
     ``ts`` (a tuple), the steps are taken ``S`` at a time and the last ``n_steps mod S`` one
     at a time; ``step_S`` must do what ``S`` calls of ``step`` do.
+
+    ``n_steps`` is an integer ``>= 0`` (0 returns ``y``) known when tracing: under
+    ``jax.jit`` a static argument, not a traced one.
     """
+    n_steps = _count("n_steps", n_steps, 0)
 
     def body(y, k):
         return step(y, t0 + k * dt, dt), None
@@ -137,7 +157,10 @@ def integrate(
 ) -> PyTree:
     """Advance ``n_frames × save_every`` steps, returning ``observe(state)`` after every
     ``save_every`` steps stacked on a leading axis (``y0`` is not included). ``block``: as
-    for ``advance``."""
+    for ``advance``. ``n_frames`` (``>= 0``) and ``save_every`` (``>= 1``) are integers known
+    when tracing (static under ``jax.jit``)."""
+    n_frames = _count("n_frames", n_frames, 0)
+    save_every = _count("save_every", save_every, 1)
 
     def body(y, frame):
         t_start = t0 + frame * save_every * dt
