@@ -839,3 +839,23 @@ def test_shared_advance_and_integrate_name_a_traced_or_fractional_count():
     assert float(advance(step, y0, 0.0, 0.1, 0)[0]) == 1.0
     frames = integrate(step, y0, 0.0, 0.1, np.int64(2), 3)
     assert frames.shape == (2, 3) and float(frames[0, 0]) == float(three[0])
+
+
+def test_coriolis_at_is_in_the_model_dtype():
+    """With x64 on, ``coriolis_at(y)`` of a float32 model returned float64 for float64 ``y``
+    (grid coordinates from NumPy, say) or a float64 ``beta`` set with ``eqx.tree_at``."""
+    case = make_case("barotropic-instability", nx=16, ny=8)  # float32, beta-plane
+    m = case.model
+    y = np.asarray(m.grid.coordinates("y", "centre"), np.float64)
+    y_mid = m.grid.origin[0] + 0.5 * m.grid.extent[0]
+    exact = float(m.coriolis) + float(m.beta) * (y - y_mid)
+    edited = eqx.tree_at(lambda q: q.beta, m, np.float64(m.beta))
+    for model, ys in ((m, y), (m, jnp.asarray(y)), (edited, y), (m, y.astype(np.float32))):
+        f = model.coriolis_at(ys)
+        assert f.dtype == jnp.float32
+        np.testing.assert_allclose(np.asarray(f), exact, rtol=1e-6, atol=1e-6 * abs(exact).max())
+    assert jax.jit(lambda y: m.coriolis_at(y))(y).dtype == jnp.float32
+    f64 = make_case("barotropic-instability", nx=16, ny=8, precision="float64").model
+    assert f64.coriolis_at(y).dtype == jnp.float64
+    exact64 = float(f64.coriolis) + float(f64.beta) * (y - y_mid)
+    assert float(jnp.max(jnp.abs(f64.coriolis_at(y) - exact64))) <= 1e-18

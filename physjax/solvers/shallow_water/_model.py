@@ -412,11 +412,15 @@ class ShallowWater(eqx.Module):
             v = v.at[0, :].set(0)
         return ShallowWaterState(h=h, u=u, v=v)
 
-    def coriolis_at(self, y: Array) -> Array:
-        """f = f₀ + β (y − y_mid) at coordinates ``y`` [m]."""
+    def coriolis_at(self, y: ArrayLike) -> Array:
+        """f = f₀ + β (y − y_mid) [s⁻¹] at coordinates ``y`` [m], in the model's dtype (the
+        grid's) whatever the dtype of ``y`` (``y − y_mid`` is taken in the precision of
+        ``y``)."""
         g = self.grid
         y_mid = g.origin[0] + 0.5 * g.extent[0]
-        return self.coriolis + self.beta * (y - y_mid)
+        model = self._in_grid_dtype()  # parameters set with eqx.tree_at may be float64
+        offset = (jnp.asarray(y) - y_mid).astype(g.dtype)
+        return model.coriolis + model.beta * offset
 
     def _coriolis_at_corner_rows(self, rows: Array) -> Array:
         """f at the corners of global rows ``rows`` (integers), as a column. On a periodic y
@@ -690,7 +694,7 @@ class ShallowWater(eqx.Module):
         h = fill_halo(state.h, g, CENTRE)
         h_corner = interior(interp_y_c2f(interp_x_c2f(h)), g)
         y = jnp.asarray(g.coordinates("y", "face"), g.dtype)[:, None]
-        f = self._in_grid_dtype().coriolis_at(y)
+        f = self.coriolis_at(y)
         return (f + self.relative_vorticity(state)) / h_corner
 
     def _check_state(
