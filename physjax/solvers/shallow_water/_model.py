@@ -710,7 +710,7 @@ class ShallowWater(eqx.Module):
         has values (and ``values``), one with NaN/Inf, (``thickness``) a thickness that is not
         positive, or (``walls``) normal flow through a wall. Returns the fields as NumPy arrays
         when they have values."""
-        self._check_parameters()
+        self._check_parameters(values=values)
         if not isinstance(state, ShallowWaterState):
             raise TypeError(
                 f"state must be a physjax.solvers.ShallowWaterState (e.g. from "
@@ -760,10 +760,14 @@ class ShallowWater(eqx.Module):
                     )
         return fields
 
-    def _check_parameters(self) -> None:
+    def _check_parameters(self, *, values: bool = True) -> None:
         """The constructor's checks of the physical constants (on their values when they have
         them) and of the fields' shapes, again: a model edited with ``eqx.tree_at`` skips
-        ``__init__``. Every method that takes a state runs them first."""
+        ``__init__``. Every method that takes a state runs them first; with ``values`` (the
+        methods that check the state's values: ``run``, ``advance``, ``solve_diffrax``,
+        ``max_stable_dt``, ``check_dt``) also the values of ``bottom`` and ``wind_stress``
+        when they have them (finite in the grid's dtype), once at the call's Python entry;
+        ``step`` and ``rhs``, called every step, check shapes only."""
         _check_grid(self.grid, self.boundary)
         for name, low in _SCALAR_PARAMETERS:
             value = getattr(self, name)
@@ -787,6 +791,8 @@ class ShallowWater(eqx.Module):
             if np.dtype(f.dtype).kind not in "iuf":
                 raise TypeError(f"{name} must be real numbers, got {_describe(f)}")
             _check_field(name, f, g)
+            if values and is_concrete(f):
+                _check_field_values(name, f, g)
 
     def _in_grid_dtype(self) -> ShallowWater:
         """The model with its physical constants and fields in the grid's dtype: one set
