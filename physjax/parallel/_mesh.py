@@ -131,14 +131,22 @@ def _specs(tree: Any, grid: Grid, mesh: Mesh) -> Any:
 
 def shard(tree: Any, grid: Grid, mesh: Mesh) -> Any:
     """Place every field-shaped array of ``tree`` on ``mesh``, split like the grid; replicate
-    the rest (scalars, small arrays)."""
+    the rest (scalars, small arrays). Inside ``jit``/``vmap`` a traced array is constrained to
+    that sharding (``jax.lax.with_sharding_constraint``, whose batching rule leaves a
+    ``vmap`` axis unsplit)."""
     decompose(grid, mesh)
     specs = _specs(tree, grid, mesh)
-    return jax.tree.map(
-        lambda x, s: jax.device_put(x, NamedSharding(mesh, s)) if eqx.is_array(x) else x,
-        tree,
-        specs,
-    )
+
+    def place(x, s):
+        if not eqx.is_array(x):
+            return x
+        if is_concrete(x):
+            return jax.device_put(x, NamedSharding(mesh, s))
+        # device_put of a tracer keeps the spec under vmap (splitting the wrong axes, or
+        # failing with IndivisibleError) and inside jit leaves the result replicated
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, s))
+
+    return jax.tree.map(place, tree, specs)
 
 
 def place_on_mesh(tree: Any, grid: Grid, mesh: Mesh | None) -> Any:
