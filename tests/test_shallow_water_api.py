@@ -924,3 +924,24 @@ def test_vmap_of_solve_diffrax_on_a_mesh_equals_a_loop(gyre):
         jax.jit(lambda a: shard(a, m.grid, mesh))(x),
     ):
         assert placed.sharding.shard_shape(x.shape) == (3, 2, 8, 8)
+
+
+def test_solve_diffrax_max_steps_is_checked_and_reaching_it_is_an_error(adjust):
+    """``max_steps=-1`` failed with a bare 'math domain error', 0 with diffrax's 'Must have
+    at least one checkpoint', and a NumPy integer (accepted for every other count) with
+    JAX's TracerBoolConversionError; a solve that reaches the limit must raise, never return
+    a partial solution."""
+    m, s, dt = adjust
+    for bad in (-1, 0, True, 2.5):
+        with pytest.raises(
+            ValueError, match=r"^max_steps must be a positive integer or None \(no limit\), got"
+        ):
+            m.solve_diffrax(s, 0.0, 4 * dt, max_steps=bad)
+    ok = m.solve_diffrax(s, 0.0, 4 * dt, max_steps=np.int64(50))
+    assert int(ok.stats["max_steps"]) == 50 and int(ok.stats["num_steps"]) < 50
+    with pytest.raises(Exception, match=r"maximum number of solver steps was reached"):
+        m.solve_diffrax(s, 0.0, 4 * dt, max_steps=2)
+    with pytest.raises(Exception, match=r"maximum number of solver steps was reached"):
+        jax.block_until_ready(
+            eqx.filter_jit(lambda st: m.solve_diffrax(st, 0.0, 4 * dt, max_steps=2).ys)(s)
+        )

@@ -100,9 +100,10 @@ def scheme(name: str) -> Callable:
     return SCHEMES[name][0]
 
 
-def _count(name: str, n, minimum: int) -> int:
+def _count(name: str, n, minimum: int, also: str = "") -> int:
     """``n`` as an ``int``, refusing a traced value (it sets the length of a compiled loop)
-    and anything but an integer (Python or NumPy) ``>= minimum``."""
+    and anything but an integer (Python or NumPy) ``>= minimum``; ``also`` names what else
+    the caller accepts (e.g. ``" or None (no limit)"``)."""
     if isinstance(n, jax.core.Tracer):
         raise ValueError(
             f"{name} must be a fixed integer, not a traced value: it sets the length of the "
@@ -111,7 +112,7 @@ def _count(name: str, n, minimum: int) -> int:
         )
     if isinstance(n, (bool, np.bool_)) or not isinstance(n, (int, np.integer)) or n < minimum:
         need = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
-        raise ValueError(f"{name} must be {need}, got {n!r}")
+        raise ValueError(f"{name} must be {need}{also}, got {n!r}")
     return int(n)
 
 
@@ -212,8 +213,10 @@ def integrate_diffrax(
     ``max_steps`` defaults to 100 000, or to diffrax's own 4096 when ``saveat`` asks for
     every step (``SubSaveAt(steps=True)``): diffrax then pads its output to ``max_steps``
     frames, which at 100 000 would be 100 000 copies of the state (79 GB for a 256² float32
-    shallow-water state). Give ``max_steps`` to choose (``None``: no limit, which
-    ``steps=True`` and the default adjoint do not allow).
+    shallow-water state). Give ``max_steps`` to choose: a positive integer (Python or NumPy)
+    or ``None`` (no limit, which ``steps=True`` and the default adjoint do not allow). A solve
+    that reaches it raises (diffrax's ``EquinoxRuntimeError``: 'The maximum number of solver
+    steps was reached').
     """
     term = diffrax.ODETerm(_VectorField(rhs, args is not None))
     solver = diffrax.Tsit5() if solver is None else solver
@@ -230,10 +233,14 @@ def integrate_diffrax(
         )
     kwargs = {} if adjoint is None else {"adjoint": adjoint}
     saveat = saveat or diffrax.SaveAt(t1=True)
-    if max_steps == "default":
+    if isinstance(max_steps, str) and max_steps == "default":
         subs = jax.tree.leaves(saveat.subs, is_leaf=lambda x: isinstance(x, diffrax.SubSaveAt))
         every_step = any(getattr(sub, "steps", False) for sub in subs)
         max_steps = STEPS_SAVED_MAX_STEPS if every_step else DEFAULT_MAX_STEPS
+    elif max_steps is not None:
+        # diffrax said 'math domain error' for -1, 'Must have at least one checkpoint' for 0,
+        # and a NumPy integer failed in its trace (TracerBoolConversionError)
+        max_steps = _count("max_steps", max_steps, 1, " or None (no limit)")
     return diffrax.diffeqsolve(
         term,
         solver,
