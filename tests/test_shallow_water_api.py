@@ -945,3 +945,28 @@ def test_solve_diffrax_max_steps_is_checked_and_reaching_it_is_an_error(adjust):
         jax.block_until_ready(
             eqx.filter_jit(lambda st: m.solve_diffrax(st, 0.0, 4 * dt, max_steps=2).ys)(s)
         )
+
+
+def test_solve_diffrax_refuses_save_times_outside_the_span_before_compiling(adjust):
+    """``SaveAt(ts=...)`` outside ``[t0, t1]`` or out of order was refused by diffrax only
+    once the solve ran (an EquinoxRuntimeError after compiling, not naming the times); it is
+    now a ValueError naming them, checked in the model's dtype (times that round onto t1
+    there are fine)."""
+    m, s, dt = adjust
+    T = 4 * dt
+    for t0, t1, ts, match in (
+        (0.0, T, [0.0, 2 * T], r"^saveat\.ts must lie between t0=0\.0 s and t1=.* 1 time"),
+        (0.0, T, [0.0, NAN], r"^saveat\.ts must lie between .* e\.g\. nan"),
+        (0.0, T, [T / 2, T / 4], r"^saveat\.ts must be increasing, got"),
+        (T, 0.0, [T / 4, T / 2], r"^saveat\.ts must be decreasing \(t1 < t0\), got"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            m.solve_diffrax(s, t0, t1, saveat=diffrax.SaveAt(ts=ts))
+    back = m.solve_diffrax(s, T, 0.0, saveat=diffrax.SaveAt(ts=[T / 2, T / 4]))
+    assert back.ts.tolist() == [T / 2, T / 4]
+    case = make_case("gravity-wave", nx=16, ny=16)  # float32: T (1 + 1e-12) is T
+    T32 = float(np.float32(2 * case.model.max_stable_dt(case.state, 0.5)))
+    sol = case.model.solve_diffrax(
+        case.state, 0.0, T32, saveat=diffrax.SaveAt(ts=[T32 * (1 + 1e-12)])
+    )
+    assert sol.ts.dtype == jnp.float32 and float(sol.ts[0]) == T32

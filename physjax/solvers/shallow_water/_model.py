@@ -1019,7 +1019,9 @@ class ShallowWater(eqx.Module):
         solve to round-off while both take the same steps (with adaptive steps a step on the
         edge of acceptance may go differently on another layout, whose results differ in the
         last bits; the runs then agree to the tolerance). The state,
-        times, ``rtol``/``atol`` and mesh are checked first.
+        times, ``rtol``/``atol``, ``max_steps``, the mesh and the save times of
+        ``saveat=diffrax.SaveAt(ts=...)`` (within ``[t0, t1]``, in order) are checked first.
+        A solve that reaches ``max_steps`` raises diffrax's error.
         """
         unknown = sorted(set(kwargs) - _DIFFRAX_OPTIONS)
         if unknown:
@@ -1056,6 +1058,8 @@ class ShallowWater(eqx.Module):
             # SaveAt(ts=[...]) of Python floats or float64 (with x64 on) would promote the
             # whole solve of a float32 model, states included, to float64
             kwargs["saveat"] = _saveat_in_dtype(kwargs["saveat"], dtype)
+            if a is not None and b is not None:
+                _check_saveat_ts(kwargs["saveat"], np.asarray(t0), np.asarray(t1))
         model, state = self._on_mesh(state, mesh)
         sol = integrate_diffrax(_DiffraxRHS(mesh), state, t0, t1, args=model, **kwargs)
         if mesh is not None and mesh.size > 1 and sol.ys is not None:
@@ -1073,6 +1077,32 @@ def _saveat_in_dtype(saveat, dtype):
 
     subs = jax.tree.map(cast, saveat.subs, is_leaf=lambda x: isinstance(x, diffrax.SubSaveAt))
     return eqx.tree_at(lambda s: s.subs, saveat, subs)
+
+
+def _check_saveat_ts(saveat, t0: np.ndarray, t1: np.ndarray) -> None:
+    """Refuse, before anything compiles, ``SaveAt(ts=...)`` times (with values, in the
+    model's dtype) that diffrax would refuse only when the solve runs: outside
+    ``[t0, t1]``, not finite, or not monotone in the direction from ``t0`` to ``t1``."""
+    subs = jax.tree.leaves(saveat.subs, is_leaf=lambda x: isinstance(x, diffrax.SubSaveAt))
+    for sub in subs:
+        ts = getattr(sub, "ts", None)
+        if ts is None or not is_concrete(ts):
+            continue
+        ts = np.asarray(ts).reshape(-1)
+        if ts.size == 0:
+            continue
+        lo, hi = min(t0, t1), max(t0, t1)
+        outside = ~((ts >= lo) & (ts <= hi))  # NaN counts as outside
+        if outside.any():
+            raise ValueError(
+                f"saveat.ts must lie between t0={float(t0)!r} s and t1={float(t1)!r} s (in "
+                f"the model's dtype {ts.dtype}), got {int(outside.sum())} time(s) outside, "
+                f"e.g. {float(ts[outside][0])!r}"
+            )
+        steps = np.diff(ts) if t1 >= t0 else -np.diff(ts)
+        if (steps < 0).any():
+            order = "increasing" if t1 >= t0 else "decreasing (t1 < t0)"
+            raise ValueError(f"saveat.ts must be {order}, got {ts.tolist()}")
 
 
 #: The physical constants of a ``ShallowWater`` and the bound each must respect.
