@@ -970,3 +970,36 @@ def test_solve_diffrax_refuses_save_times_outside_the_span_before_compiling(adju
         case.state, 0.0, T32, saveat=diffrax.SaveAt(ts=[T32 * (1 + 1e-12)])
     )
     assert sol.ts.dtype == jnp.float32 and float(sol.ts[0]) == T32
+
+
+def test_shared_time_stepping_keeps_a_float32_state_in_float32():
+    """With x64 on, the shared ``advance``/``integrate`` failed on a float32 state with a
+    NumPy float64 ``dt`` (lax.scan: 'carry input ... float32[3] ... output ... float64[3]'),
+    and ``integrate_diffrax`` returned float64 ``ys`` and ``ts`` for a float32 ``y0`` with
+    Python-float times or ``SaveAt(ts=[...])`` (``model.solve_diffrax`` casts them itself).
+    Times are taken in the state's dtype, as the model takes them in its grid's."""
+    from physjax.solvers import advance, integrate, integrate_diffrax, ssprk3_step
+
+    def rhs(y, t):
+        return {"a": -y["a"], "b": -2 * y["b"]}
+
+    def step(y, t, dt):
+        return ssprk3_step(rhs, y, t, dt)
+
+    y0 = {"a": jnp.ones(3, jnp.float32), "b": jnp.ones((), jnp.float32)}
+    ref = advance(step, y0, jnp.float32(0), jnp.float32(0.1), 4)
+    out = advance(step, y0, np.float64(0), np.float64(0.1), 4)
+    frames = integrate(step, y0, 0.0, np.float64(0.1), 2, 2)
+    for tree in (out, frames):
+        assert {a.dtype for a in jax.tree.leaves(tree)} == {jnp.dtype("float32")}
+    assert _max_diff(out, ref) == 0 and _max_diff(jax.tree.map(lambda a: a[-1], frames), ref) == 0
+    saveat = diffrax.SaveAt(ts=[0.0, 0.5, 1.0])
+    for t0, t1 in ((0.0, 1.0), (np.float64(0), np.float64(1))):
+        sol = integrate_diffrax(rhs, y0, t0, t1, saveat=saveat, dt0=np.float64(0.1))
+        assert sol.ts.dtype == jnp.float32 and sol.ys["a"].dtype == jnp.float32
+        assert float(sol.ys["b"][-1]) == pytest.approx(np.exp(-2.0), rel=1e-5)
+    y64 = jax.tree.map(lambda a: a.astype(jnp.float64), y0)
+    sol = integrate_diffrax(rhs, y64, 0.0, 1.0, saveat=saveat)
+    assert sol.ys["a"].dtype == jnp.float64 and float(sol.ys["b"][-1]) == pytest.approx(
+        np.exp(-2.0), rel=1e-6
+    )

@@ -100,6 +100,38 @@ def scheme(name: str) -> Callable:
     return SCHEMES[name][0]
 
 
+def _time_dtype(y: PyTree):
+    """The real dtype of the floating leaves of ``y`` when they share one (times are taken
+    in it, as a model takes them in its grid's dtype), else ``None``: with x64 on, a
+    float64 ``dt`` would otherwise promote a float32 state (in ``lax.scan``, an error)."""
+    dtypes = set()
+    for leaf in jax.tree.leaves(y):
+        dtype = jnp.result_type(leaf)
+        if jnp.issubdtype(dtype, jnp.inexact):
+            dtypes.add(np.dtype(jnp.finfo(dtype).dtype))
+    return dtypes.pop() if len(dtypes) == 1 else None
+
+
+def _in_dtype(dtype, *times):
+    """``times`` as arrays of ``dtype`` (unchanged when it is ``None``; ``None`` stays)."""
+    if dtype is None:
+        return times
+    return tuple(None if t is None else jnp.asarray(t, dtype) for t in times)
+
+
+def saveat_in_dtype(saveat: diffrax.SaveAt, dtype) -> diffrax.SaveAt:
+    """``saveat`` with the ``ts`` of each of its ``SubSaveAt``s in ``dtype``: ``ts`` of
+    Python floats (float64 with x64 on) would promote a whole float32 solve to float64."""
+
+    def cast(sub):
+        if not isinstance(sub, diffrax.SubSaveAt) or sub.ts is None:
+            return sub
+        return eqx.tree_at(lambda s: s.ts, sub, jnp.asarray(sub.ts, dtype))
+
+    subs = jax.tree.map(cast, saveat.subs, is_leaf=lambda x: isinstance(x, diffrax.SubSaveAt))
+    return eqx.tree_at(lambda s: s.subs, saveat, subs)
+
+
 def _count(name: str, n, minimum: int, also: str = "") -> int:
     """``n`` as an ``int``, refusing a traced value (it sets the length of a compiled loop)
     and anything but an integer (Python or NumPy) ``>= minimum``; ``also`` names what else
@@ -125,9 +157,11 @@ def advance(step: Callable, y: PyTree, t0, dt, n_steps: int, block: Block | None
     at a time; ``step_S`` must do what ``S`` calls of ``step`` do.
 
     ``n_steps`` is an integer ``>= 0`` (0 returns ``y``) known when tracing: under
-    ``jax.jit`` a static argument, not a traced one.
+    ``jax.jit`` a static argument, not a traced one. ``t0`` and ``dt`` are taken in the
+    dtype of ``y``'s floating leaves when they share one.
     """
     n_steps = _count("n_steps", n_steps, 0)
+    t0, dt = _in_dtype(_time_dtype(y), t0, dt)
 
     def body(y, k):
         return step(y, t0 + k * dt, dt), None
@@ -159,9 +193,10 @@ def integrate(
     """Advance ``n_frames × save_every`` steps, returning ``observe(state)`` after every
     ``save_every`` steps stacked on a leading axis (``y0`` is not included). ``block``: as
     for ``advance``. ``n_frames`` (``>= 0``) and ``save_every`` (``>= 1``) are integers known
-    when tracing (static under ``jax.jit``)."""
+    when tracing (static under ``jax.jit``); times as for ``advance``."""
     n_frames = _count("n_frames", n_frames, 0)
     save_every = _count("save_every", save_every, 1)
+    t0, dt = _in_dtype(_time_dtype(y0), t0, dt)
 
     def body(y, frame):
         t_start = t0 + frame * save_every * dt
@@ -217,7 +252,15 @@ def integrate_diffrax(
     or ``None`` (no limit, which ``steps=True`` and the default adjoint do not allow). A solve
     that reaches it raises (diffrax's ``EquinoxRuntimeError``: 'The maximum number of solver
     steps was reached').
+
+    ``t0``, ``t1``, ``dt0`` and the ``ts`` of ``saveat`` are taken in the dtype of ``y0``'s
+    floating leaves when they share one, so that a float32 state stays float32 (``sol.ts``
+    and ``sol.ys``) with x64 on.
     """
+    dtype = _time_dtype(y0)
+    t0, t1, dt0 = _in_dtype(dtype, t0, t1, dt0)
+    if saveat is not None and dtype is not None:
+        saveat = saveat_in_dtype(saveat, dtype)
     term = diffrax.ODETerm(_VectorField(rhs, args is not None))
     solver = diffrax.Tsit5() if solver is None else solver
     if stepsize_controller is None:

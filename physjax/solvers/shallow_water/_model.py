@@ -30,7 +30,15 @@ from ...grids import (
 )
 from ...grids._grid import require_enabled_dtype
 from ...parallel import decompose, place_on_mesh, shard, shard_map_fields
-from .._time_stepping import DAMPING_LIMITS, SCHEMES, advance, integrate, integrate_diffrax, scheme
+from .._time_stepping import (
+    DAMPING_LIMITS,
+    SCHEMES,
+    advance,
+    integrate,
+    integrate_diffrax,
+    saveat_in_dtype,
+    scheme,
+)
 from ._blocked import (
     AUTO_STRIP_STEPS,
     OVERLAP,
@@ -1057,7 +1065,7 @@ class ShallowWater(eqx.Module):
         if kwargs.get("saveat") is not None:
             # SaveAt(ts=[...]) of Python floats or float64 (with x64 on) would promote the
             # whole solve of a float32 model, states included, to float64
-            kwargs["saveat"] = _saveat_in_dtype(kwargs["saveat"], dtype)
+            kwargs["saveat"] = saveat_in_dtype(kwargs["saveat"], dtype)
             if a is not None and b is not None:
                 _check_saveat_ts(kwargs["saveat"], np.asarray(t0), np.asarray(t1))
         model, state = self._on_mesh(state, mesh)
@@ -1065,18 +1073,6 @@ class ShallowWater(eqx.Module):
         if mesh is not None and mesh.size > 1 and sol.ys is not None:
             sol = eqx.tree_at(lambda s: s.ys, sol, shard(sol.ys, self.grid, mesh))
         return sol
-
-
-def _saveat_in_dtype(saveat, dtype):
-    """``saveat`` with the ``ts`` of each of its ``SubSaveAt``s in ``dtype``."""
-
-    def cast(sub):
-        if not isinstance(sub, diffrax.SubSaveAt) or sub.ts is None:
-            return sub
-        return eqx.tree_at(lambda s: s.ts, sub, jnp.asarray(sub.ts, dtype))
-
-    subs = jax.tree.map(cast, saveat.subs, is_leaf=lambda x: isinstance(x, diffrax.SubSaveAt))
-    return eqx.tree_at(lambda s: s.subs, saveat, subs)
 
 
 def _check_saveat_ts(saveat, t0: np.ndarray, t1: np.ndarray) -> None:
