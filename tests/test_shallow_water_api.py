@@ -1003,3 +1003,21 @@ def test_shared_time_stepping_keeps_a_float32_state_in_float32():
     assert sol.ys["a"].dtype == jnp.float64 and float(sol.ys["b"][-1]) == pytest.approx(
         np.exp(-2.0), rel=1e-6
     )
+
+
+def test_shared_integrate_diffrax_checks_its_tolerances():
+    """``integrate_diffrax(..., rtol=-1.0)`` ran without a word and returned e^-1 9e-5 off
+    (3 steps); NaN or zero tolerances failed inside diffrax after compiling.
+    ``model.solve_diffrax`` checked them already; the shared function now does too."""
+    from physjax.solvers import integrate_diffrax
+
+    def rhs(y, t):
+        return -y
+
+    for kw, bad in (({"rtol": -1.0}, "rtol"), ({"atol": NAN}, "atol"), ({"rtol": 0.0}, "rtol")):
+        with pytest.raises(
+            ValueError, match=rf"^{bad} must be a finite number > 0 \(a tolerance\)"
+        ):
+            integrate_diffrax(rhs, jnp.ones(3), 0.0, 1.0, **kw)
+    sol = integrate_diffrax(rhs, jnp.ones(3), 0.0, 1.0, rtol=np.float32(1e-8), atol=1e-10)
+    assert abs(float(sol.ys[-1, 0]) - np.exp(-1.0)) <= 1e-8

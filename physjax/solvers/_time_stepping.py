@@ -7,6 +7,7 @@ solver, adaptive steps (PID controller) and checkpointed adjoints for long gradi
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -130,6 +131,21 @@ def saveat_in_dtype(saveat: diffrax.SaveAt, dtype) -> diffrax.SaveAt:
 
     subs = jax.tree.map(cast, saveat.subs, is_leaf=lambda x: isinstance(x, diffrax.SubSaveAt))
     return eqx.tree_at(lambda s: s.subs, saveat, subs)
+
+
+def _check_tolerance(name: str, tol) -> None:
+    """Refuse a tolerance that is not one finite number > 0 (when it has a value): the PID
+    controller ran with ``rtol=-1`` and returned a result 9e-5 off, without a word."""
+    if tol is None or isinstance(tol, jax.core.Tracer):
+        return
+    try:
+        x = np.asarray(tol)
+    except Exception:
+        x = np.asarray(None)
+    if isinstance(tol, (bool, np.bool_)) or x.shape != () or x.dtype.kind not in "iuf":
+        raise ValueError(f"{name} must be a finite number > 0 (a tolerance), got {tol!r}")
+    if not (math.isfinite(float(x)) and float(x) > 0):
+        raise ValueError(f"{name} must be a finite number > 0 (a tolerance), got {tol!r}")
 
 
 def _count(name: str, n, minimum: int, also: str = "") -> int:
@@ -263,6 +279,8 @@ def integrate_diffrax(
         saveat = saveat_in_dtype(saveat, dtype)
     term = diffrax.ODETerm(_VectorField(rhs, args is not None))
     solver = diffrax.Tsit5() if solver is None else solver
+    for name, tol in (("rtol", rtol), ("atol", atol)):
+        _check_tolerance(name, tol)
     if stepsize_controller is None:
         stepsize_controller = diffrax.PIDController(
             rtol=1e-6 if rtol is None else rtol, atol=1e-8 if atol is None else atol
