@@ -917,6 +917,13 @@ def test_vmap_of_solve_diffrax_on_a_mesh_equals_a_loop(gyre):
         m.solve_diffrax(jax.tree.map(lambda a, i=i: a[i], batch), 0.0, 4 * dt).ys for i in range(3)
     ]
     assert _max_diff(out, jax.tree.map(lambda *a: jnp.stack(a), *loop)) <= 1e-12
+    # run and advance on the mesh under vmap (these worked before): each member its own run
+    ran = jax.vmap(lambda st: m.run(st, dt=dt, n_steps=4, mesh=mesh).states)(batch)
+    adv = jax.vmap(lambda st: m.advance(st, t0=0.0, dt=dt, n_steps=4, mesh=mesh))(batch)
+    one = [m.run(jax.tree.map(lambda a, i=i: a[i], batch), dt=dt, n_steps=4) for i in range(3)]
+    one = jax.tree.map(lambda *a: jnp.stack(a), *[o.states for o in one])
+    assert _max_diff(ran, one) <= 1e-12
+    assert _max_diff(adv, jax.tree.map(lambda a: a[:, -1], one)) <= 1e-12
     # shard itself under vmap and jit: the batch axis stays whole, the grid axes split
     x = jnp.ones((3, 2, *m.grid.shape))
     for placed in (
