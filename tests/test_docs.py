@@ -3,10 +3,14 @@
 Each ```python block is run by a fresh interpreter, as a user pasting it would (the pages
 that need a file first get one from the command line). A block that stops running — a
 renamed function, a changed signature, a wrong claim about what it returns — fails here.
+The command lines of the pages (``physjax …`` and ``python benchmarks/….py …``), their
+option tables, the config-file settings they list and their TOML examples are checked
+against the parsers, without running them.
 """
 
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +80,159 @@ def test_example_runs(page, code, tmp_path):
         # the example prints its frame times and the mass ratio (conserved to round-off)
         *_, ratio = done.stdout.split()
         assert abs(float(ratio) - 1.0) <= 1e-6, done.stdout
+
+
+# ------------------------------------------------------------------ command lines of the docs
+# The command lines the pages give are checked as cheaply as a user's typo would be found:
+# by the parsers alone, without running anything (running them is a matter of minutes).
+_FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+
+
+def _physjax_lines():
+    """``physjax …`` command lines of the pages' shell blocks (continuations joined)."""
+    for page in PAGES:
+        for lang, body in _FENCE.findall(page.read_text()):
+            if lang not in ("", "bash", "sh", "console"):
+                continue
+            for line in body.replace("\\\n", " ").splitlines():
+                for part in line.split("&&"):
+                    words = shlex.split(part, comments=True)
+                    if words and Path(words[0]).name == "physjax":
+                        yield pytest.param(words[1:], id=f"{page.name}: {' '.join(words[1:])}")
+
+
+def _benchmark_lines():
+    """``python benchmarks/NAME.py ARGS`` of the pages (code spans and indented blocks) and
+    of the benchmark scripts' own docstrings, as (script, args)."""
+    sources = [*PAGES, *sorted((ROOT / "benchmarks").glob("*.py"))]
+    found = set()
+    for source in sources:
+        text = _FENCE.sub("", re.sub(r"\\+\n", " ", source.read_text()))
+        text = text.replace("``", "`")  # rST's ``code`` in the scripts' docstrings
+        spans = re.findall(r"`([^`]+)`", text) + re.findall(r"^ {4}(.*)$", text, re.M)
+        for span in spans:
+            span = " ".join(span.split())
+            if "[" in span:  # a synopsis ([--quick]), not a command line
+                continue
+            for m in re.finditer(r"(python )?benchmarks/(\w+)\.py((?: [^ #`)]+)*)", span):
+                if m.group(1) or m.group(3).strip():  # a command, not a file named in passing
+                    found.add((m.group(2), tuple(shlex.split(m.group(3)))))
+    return sorted(found)
+
+
+PHYSJAX_LINES = list(_physjax_lines())
+BENCHMARK_LINES = _benchmark_lines()
+
+
+def test_command_lines_are_collected():
+    commands = {p.values[0][0] for p in PHYSJAX_LINES}
+    assert {"shallow-water", "poisson", "plot"} <= commands
+    scripts = {script for script, _ in BENCHMARK_LINES}
+    assert {"shallow_water", "shallow_water_ab", "poisson", "pinn_laplacian"} <= scripts
+    assert "sw_padded_carry" in scripts
+
+
+@pytest.mark.parametrize("argv", PHYSJAX_LINES)
+def test_physjax_command_line_parses(argv, capsys):
+    """Every ``physjax …`` line of README.md and docs/ names a command and options that
+    exist, with values of the options' types (a renamed option fails here)."""
+    from physjax.cli import build_parser
+
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:
+        pytest.fail(f"physjax {' '.join(argv)}: exit {e.code}: {capsys.readouterr().err}")
+    assert args.command == argv[0]
+
+
+def _parser_options(command):
+    from physjax.cli import build_parser
+
+    sub = build_parser().commands[command]
+    return {s for a in sub._actions for s in a.option_strings if s.startswith("--")}
+
+
+@pytest.mark.parametrize(
+    "page, command", [("shallow_water.md", "shallow-water"), ("poisson.md", "poisson")]
+)
+def test_option_tables_match_the_parsers(page, command):
+    """The option table of a command's page lists exactly the command's options."""
+    text = (ROOT / "docs" / page).read_text()
+    documented = set()
+    for row in re.findall(r"^\| (`--[^|]*(?:\\\|[^|]*)*)\|", text, re.M):
+        documented |= set(re.findall(r"`(--[a-z][a-z-]*)", row))
+    assert documented, f"no option table found in {page}"
+    options = _parser_options(command) - {"--help"}
+    assert documented - options == set(), f"{page} documents options {command} does not have"
+    assert options - documented == set(), f"{page} leaves options of {command} out"
+
+
+def test_config_keys_documented_are_the_accepted_ones():
+    """docs/shallow_water.md's list of config-file settings is what load_config accepts."""
+    from physjax.cli import RUN_KEYS
+
+    text = (ROOT / "docs" / "shallow_water.md").read_text()
+    row = re.search(r"^\| `--config FILE\.toml` \|(.*)$", text, re.M).group(1)
+    listed = row.split("settings with underscored names", 1)[1].split("and a `[parameters]`")[0]
+    keys = set(re.findall(r"`([a-z_]+)(?: = [a-z]+)?`", listed))
+    assert keys == set(RUN_KEYS)
+
+
+def test_toml_examples_load(tmp_path):
+    """Each ```toml block loads as a config of its command, with parameters its case has."""
+    from physjax.cli import load_config
+    from physjax.solvers.shallow_water._cases import CASES
+
+    blocks = [b for page in PAGES for lang, b in _FENCE.findall(page.read_text()) if lang == "toml"]
+    assert blocks
+    for k, block in enumerate(blocks):
+        path = tmp_path / f"example{k}.toml"
+        path.write_text(block)
+        config = load_config(str(path))
+        case = config.get("case", "geostrophic-adjustment")
+        assert set(config.get("parameters", {})) <= set(CASES[case].defaults), block
+
+
+_PARSE_ONLY = r"""
+import argparse, json, runpy, sys
+sys.path.insert(0, "benchmarks")
+
+class Parsed(BaseException):
+    pass
+
+original = argparse.ArgumentParser.parse_args
+
+def parse_args(self, args=None, namespace=None):
+    original(self, args, namespace)
+    raise Parsed
+
+argparse.ArgumentParser.parse_args = parse_args
+failed = []
+for script, argv in json.loads(sys.argv[1]):
+    sys.argv = [f"benchmarks/{script}.py", *argv]
+    try:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+        failed.append(f"{script} {argv}: ran without parsing its arguments")
+    except Parsed:
+        pass
+    except SystemExit as e:
+        failed.append(f"{script} {argv}: exit {e.code}")
+print(json.dumps(failed))
+"""
+
+
+def test_benchmark_command_lines_parse():
+    """Every ``python benchmarks/NAME.py …`` line of the docs and of the scripts' docstrings
+    gets past the script's argument parser (stopped there: the benchmarks take minutes)."""
+    import json
+
+    done = subprocess.run(
+        [sys.executable, "-c", _PARSE_ONLY, json.dumps(BENCHMARK_LINES)],
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT), PHYSJAX_NO_ALLOCATOR_TUNING="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout.splitlines()[-1]) == [], done.stderr[-3000:]
