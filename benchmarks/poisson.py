@@ -13,10 +13,13 @@ import argparse
 import json
 import os
 import platform
+import sys
 import time
 from pathlib import Path
 
-import physjax
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+import physjax  # noqa: E402
 
 # Same allocator settings for physjax and scipy in this process (before any computation).
 ALLOCATOR_TUNED = physjax.tune_cpu_allocator()

@@ -194,8 +194,11 @@ def test_toml_examples_load(tmp_path):
 
 
 _PARSE_ONLY = r"""
-import argparse, json, runpy, sys
-sys.path.insert(0, "benchmarks")
+import argparse, json, os, runpy, sys
+root = os.getcwd()
+# as `python benchmarks/NAME.py` starts: the script's folder first on sys.path, not the cwd
+sys.path[0] = os.path.join(root, "benchmarks")
+path = list(sys.path)
 
 class Parsed(BaseException):
     pass
@@ -209,27 +212,42 @@ def parse_args(self, args=None, namespace=None):
 argparse.ArgumentParser.parse_args = parse_args
 failed = []
 for script, argv in json.loads(sys.argv[1]):
+    sys.path[:] = path
+    for name, module in list(sys.modules.items()):  # each script imports physjax afresh
+        if name.split(".")[0] in ("physjax", "shallow_water", "sw_numpy"):
+            del sys.modules[name]
     sys.argv = [f"benchmarks/{script}.py", *argv]
     try:
         runpy.run_path(sys.argv[0], run_name="__main__")
         failed.append(f"{script} {argv}: ran without parsing its arguments")
     except Parsed:
-        pass
+        used = sys.modules.get("physjax")
+        if used is not None and not used.__file__.startswith(root + os.sep):
+            failed.append(f"{script}: imported physjax from {used.__file__}, not the checkout")
     except SystemExit as e:
         failed.append(f"{script} {argv}: exit {e.code}")
+    except Exception as e:
+        failed.append(f"{script} {argv}: {type(e).__name__}: {e}")
 print(json.dumps(failed))
 """
 
 
-def test_benchmark_command_lines_parse():
-    """Every ``python benchmarks/NAME.py …`` line of the docs and of the scripts' docstrings
-    gets past the script's argument parser (stopped there: the benchmarks take minutes)."""
+def test_benchmark_command_lines_parse(tmp_path):
+    """Every ``python benchmarks/NAME.py …`` line of the docs and of the scripts' own
+    docstrings gets past the script's argument parser (stopped there: the benchmarks take
+    minutes), and the script measures the physjax of its checkout: another one installed
+    (here a decoy on PYTHONPATH, which fails to import) is not taken instead."""
     import json
 
+    decoy = tmp_path / "physjax"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text(
+        "raise ImportError('an installed physjax, not the checkout')"
+    )
     done = subprocess.run(
         [sys.executable, "-c", _PARSE_ONLY, json.dumps(BENCHMARK_LINES)],
         cwd=ROOT,
-        env=dict(os.environ, PYTHONPATH=str(ROOT), PHYSJAX_NO_ALLOCATOR_TUNING="1"),
+        env=dict(os.environ, PYTHONPATH=str(tmp_path), PHYSJAX_NO_ALLOCATOR_TUNING="1"),
         capture_output=True,
         text=True,
         timeout=300,
