@@ -102,14 +102,16 @@ def _physjax_lines():
 
 
 def _benchmark_lines():
-    """``python benchmarks/NAME.py ARGS`` of the pages (code spans and indented blocks) and
-    of the benchmark scripts' own docstrings, as (script, args)."""
+    """``python benchmarks/NAME.py ARGS`` of the pages (code spans, indented and shell
+    blocks) and of the benchmark scripts' own docstrings, as (script, args)."""
     sources = [*PAGES, *sorted((ROOT / "benchmarks").glob("*.py"))]
     found = set()
     for source in sources:
-        text = _FENCE.sub("", re.sub(r"\\+\n", " ", source.read_text()))
-        text = text.replace("``", "`")  # rST's ``code`` in the scripts' docstrings
+        text = re.sub(r"\\+\n", " ", source.read_text())
+        shell = [b for lang, b in _FENCE.findall(text) if lang in ("", "bash", "sh", "console")]
+        text = _FENCE.sub("", text).replace("``", "`")  # rST's ``code`` in the docstrings
         spans = re.findall(r"`([^`]+)`", text) + re.findall(r"^ {4}(.*)$", text, re.M)
+        spans += [line for block in shell for line in block.splitlines()]
         for span in spans:
             span = " ".join(span.split())
             if "[" in span:  # a synopsis ([--quick]), not a command line
