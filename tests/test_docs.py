@@ -181,7 +181,8 @@ def test_config_keys_documented_are_the_accepted_ones():
 
 
 def test_toml_examples_load(tmp_path):
-    """Each ```toml block loads as a config of its command, with parameters its case has."""
+    """Each ```toml block (the pages have shallow-water configs only) loads as
+    `physjax shallow-water --config` reads it, with parameters its case has."""
     from physjax.cli import load_config
     from physjax.solvers.shallow_water._cases import CASES
 
