@@ -180,6 +180,37 @@ def test_config_keys_documented_are_the_accepted_ones():
     assert keys == set(RUN_KEYS)
 
 
+def _named_objects():
+    names = set()
+    for page in PAGES:
+        names |= set(re.findall(r"\bphysjax(?:\.[A-Za-z_]\w*)+", page.read_text()))
+    return sorted(names)
+
+
+def test_physjax_names_in_the_pages_exist():
+    """Every ``physjax.module.name`` the pages mention can be imported (a moved or renamed
+    function leaves a stale reference in prose that no example runs)."""
+    import importlib
+
+    names = _named_objects()
+    assert "physjax.parallel.make_mesh" in names
+    missing = []
+    for name in names:
+        parts = name.split(".")
+        for i in range(len(parts), 0, -1):
+            try:
+                obj = importlib.import_module(".".join(parts[:i]))
+            except ImportError:
+                continue
+            try:
+                for attr in parts[i:]:
+                    obj = getattr(obj, attr)
+            except AttributeError:
+                missing.append(name)
+            break
+    assert missing == []
+
+
 def test_toml_examples_load(tmp_path):
     """Each ```toml block (the pages have shallow-water configs only) loads as
     `physjax shallow-water --config` reads it, with parameters its case has."""
