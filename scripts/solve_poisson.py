@@ -1,5 +1,9 @@
+#!/usr/bin/env python
+"""Solve a Poisson / elliptic problem: the same as ``physjax poisson …``."""
+
 import sys
 
 from physjax.cli import run_command
 
-run_command(["poisson", *sys.argv[1:]])
+if __name__ == "__main__":
+    run_command(["poisson", *sys.argv[1:]])
