@@ -8,6 +8,7 @@ option tables, the config-file settings they list and their TOML examples are ch
 against the parsers, without running them.
 """
 
+import math
 import os
 import re
 import shlex
@@ -80,6 +81,14 @@ def test_example_runs(page, code, tmp_path):
         # the example prints its frame times and the mass ratio (conserved to round-off)
         *_, ratio = done.stdout.split()
         assert abs(float(ratio) - 1.0) <= 1e-6, done.stdout
+    # and what the other pages' comments say their prints give
+    if "initial_guess=u" in code:  # poisson.md's warm start: "[8 6 6 … 6]"
+        iterations = [int(k) for k in re.findall(r"\d+", done.stdout)]
+        assert iterations[0] == 8 and set(iterations[1:]) == {6}, done.stdout
+    if "mass kept" in code:  # poisson.md's implicit diffusion: "0.0314 (π·0.01), as at t = 0"
+        assert float(done.stdout.split()[-1]) == pytest.approx(math.pi * 0.01, rel=1e-6)
+    if "zeta - ds.zeta" in code:  # output.md: xgcm's vorticity is the stored one to round-off
+        assert float(done.stdout.split()[-1]) <= 1e-9, done.stdout  # |zeta| ~ 1e-5 s-1 here
 
 
 # ------------------------------------------------------------------ command lines of the docs
