@@ -464,11 +464,12 @@ class PoissonSolver(eqx.Module):
         return self._require_compatible(f, *_mean_and_scale(f), f)
 
     # ------------------------------------------------------------------ solve
-    def _solve_local(self, grid: Grid, f, coefficient, coarse, guess=None, shift=None):
+    def _solve_local(self, grid: Grid, f, coefficient, coarse, guess=None, shift=None, check=False):
         """Body run on each device (or once); ``grid`` is the local view. ``coarse``: see
         ``_stored_coarse``. ``guess``: the iterative methods' first iterate (a direct solve
         has no use for it). ``shift``: the Helmholtz term (a scalar, or this device's block
-        of a field)."""
+        of a field). ``check``: raise through ``eqx.error_if`` when an iterative solve does
+        not converge (inside a transformation, with ``throw``)."""
         bc = self.bc
         dtype = f.dtype
         c = None if shift is None else shift.astype(dtype)
@@ -548,6 +549,12 @@ class PoissonSolver(eqx.Module):
                 ),
             )
             u = u * scale
+            if check:
+                # Here, not on the u returned: jax.grad and jax.jvp run this function again
+                # for the cotangent or tangent (from zero, on another right-hand side), and
+                # custom_linear_solve drops the diagnostics of those solves. (On a mesh this
+                # is one device's block, with the replicated flag: every device raises.)
+                u = eqx.error_if(u, ~info.converged, self._not_converged_message(True))
             return (jnp.stack([u, x0]) if guess is not None else u), info
 
         if guess is None:
@@ -566,9 +573,9 @@ class PoissonSolver(eqx.Module):
         )
         return x[0], info
 
-    def _run(self, f, coefficient, guess=None, shift=None):
+    def _run(self, f, coefficient, guess=None, shift=None, check=False):
         grid = _internal_grid(self.grid)
-        fn = self._solve_local
+        fn = functools.partial(self._solve_local, check=check)
         coarse = self._stored_coarse(coefficient, shift)
         if self.mesh is None or self.mesh.size == 1:
             return fn(grid, f, coefficient, coarse, guess, shift)
@@ -645,9 +652,11 @@ class PoissonSolver(eqx.Module):
             self, f, boundary_values, _solve_fast, PoissonSolver._solve_jit, initial_guess
         )
 
-    def _not_converged_message(self) -> str:
+    def _not_converged_message(self, in_graph: bool = False) -> str:
+        # in a graph the solves that jax.grad/jax.jvp add for derivatives are checked too
+        which = " (or one added by jax.grad/jax.jvp for a derivative)" if in_graph else ""
         return (
-            f"the {self.method} Poisson solve did not converge within max_iterations="
+            f"the {self.method} Poisson solve{which} did not converge within max_iterations="
             f"{self.max_iterations} to rtol={self.rtol:g} (or its residual is not finite: "
             "NaN/Inf in f or initial_guess, or a diverging multigrid cycle); raise "
             "max_iterations or the tolerance, check the inputs and the coefficient (strongly "
@@ -682,7 +691,9 @@ class PoissonSolver(eqx.Module):
             scale = _sampled_max_abs(b) if not in_graph else jnp.max(jnp.abs(b))
             stats = (total / b.size, scale)
         else:
-            u, info = self._run(b, self.coefficient, guess, self.shift)
+            # (called eagerly, the caller checks ``converged`` in Python and raises there)
+            check = self.throw and in_graph
+            u, info = self._run(b, self.coefficient, guess, self.shift, check)
         if self.method == "spectral":
             if residual:
                 rel = _relative_norm(b - self.operator(u), b)
@@ -690,9 +701,6 @@ class PoissonSolver(eqx.Module):
                 # the smallest normal number and is flushed to zero (u = 0: residual 1)
                 ok = jnp.isfinite(rel) & (rel < 1)
                 info = mg.IterativeInfo(info.iterations, rel, ok)
-        elif self.throw and in_graph:
-            # (called eagerly, the caller checks ``converged`` in Python and raises there)
-            u = error_if(u, ~info.converged, self._not_converged_message(), self.grid, self.mesh)
         return u, info, stats
 
     @eqx.filter_jit
