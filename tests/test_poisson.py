@@ -587,9 +587,11 @@ def test_bad_input_errors():
         solve(np.ones((16, 16)), walls, "neumann", "cg")
     with pytest.raises(ValueError, match=r"stops at a level of shape \(97, 97\) \(ny=97, nx=97"):
         PoissonSolver(_grid((97, 97), False), "dirichlet", "multigrid")
-    # the short axis blocks the halving (it used to advise sizes c·2^k, which these are)
+    # the short axis blocks the halving (it used to advise sizes c·2^k, which these are);
+    # periodic, it has no lines to relax by either (with walls: test_an_axis_halved_to_two…)
+    short = Grid((2, 1024), (2 / 1024, 1.0), periodic=(True, False), dtype="float64")
     with pytest.raises(ValueError, match=r"shape \(2, 1024\) \(ny=2 cannot be halved\)"):
-        PoissonSolver(_grid((2, 1024), False, (2 / 1024, 1.0)), "dirichlet", "multigrid")
+        PoissonSolver(short, ("periodic", "dirichlet"), "multigrid")
     # a thin layer whose fine axis is periodic: no tridiagonal lines to relax by
     thin = Grid((8, 64, 64), (100.0, 1e6, 1e6), periodic=(True, False, False), dtype="float64")
     with pytest.raises(ValueError, match="line relaxation takes over only along a single"):
@@ -928,6 +930,31 @@ def test_anisotropic_grids_semi_coarsening(shape, extent):
         sol = PoissonSolver(grid, "dirichlet", method).solve(f)
         assert int(sol.iterations) <= most, (method, int(sol.iterations))
         assert _rel(sol.u, ref) <= 1e-8
+
+
+@pytest.mark.parametrize("bc", ["dirichlet", "neumann"])
+@pytest.mark.parametrize(
+    "shape,extent,line_level",
+    [((16, 32, 32), (1.0, 16.0, 16.0), 3), ((2, 1024), (2 / 1024, 1.0), 0)],
+)
+def test_an_axis_halved_to_two_cells_is_relaxed_by_lines(shape, extent, line_level, bc):
+    """z, 8× finer than x and y, is halved alone until the spacings are equal — at 2 cells,
+    which then stopped the halving of every axis: the grid was refused ('cannot coarsen',
+    advising more cells along the finely spaced axes), as was (2, 1024) of square cells.
+    The axis that blocks the halving is now relaxed by lines and the others halved."""
+    grid = _grid(shape, False, extent)
+    levels = PoissonSolver(grid, bc, "cg").levels
+    assert [lv.line for lv in levels[:-1]] == [None] * line_level + [0] * (
+        len(levels) - 1 - line_level
+    )
+    assert levels[line_level].grid.shape[0] == 2
+    f = np.random.default_rng(12).normal(size=shape)
+    f -= f.mean()
+    ref = solve(f, grid, bc, "spectral")
+    for method, most in (("multigrid", 12), ("cg", 9)):
+        sol = PoissonSolver(grid, bc, method).solve(f)
+        assert bool(sol.converged) and int(sol.iterations) <= most, (method, sol.iterations)
+        assert _rel(sol.u, ref) <= 1e-9, method
 
 
 _THIN = ((8, 32, 32), (100.0, 5e5, 5e5))  # 8 layers of 12.5 m under 15.6 km cells

@@ -12,9 +12,10 @@ an anisotropic one (dx ≪ dy, a thin 3-D box) it is semi-coarsening: only the s
 coupled (finely spaced) axes are halved until the spacings are within a factor 2, where a
 point smoother works again (halving every axis keeps the anisotropy on every level, and
 the cycle then stalls). When the finely spaced axis runs out of cells first (a thin layer of
-a few cells along an axis far finer than the others), the levels from there on relax whole
-lines along it (zebra line Gauss–Seidel: each line solved exactly, lines coloured red–black
-by their position in the other axes) and halve the other axes. Transfers: cell-centred
+a few cells along an axis far finer than the others, or a single axis halved down to 2 cells
+while the others are not halved yet), the levels from there on relax whole lines along it
+(zebra line Gauss–Seidel: each line solved exactly, lines coloured red–black by their
+position in the other axes) and halve the other axes. Transfers: cell-centred
 (bi/tri)linear interpolation ``P`` (weights 3/4, 1/4 along each halved axis, boundary
 conditions through the coarse halo) and its scaled adjoint ``R = Pᵀ / 2^c`` as
 restriction, so that with symmetric red–black (point or line) Gauss–Seidel smoothing
@@ -110,6 +111,25 @@ def line_axis_for(grid: Grid) -> int | None:
     return line
 
 
+def _blocking_line_axis(grid: Grid, halved: Sequence[bool]) -> int | None:
+    """The axis to relax by lines when it alone stops the halving of the finely spaced
+    axes (odd or < 4 cells) on a level that is still too large, the others being within
+    ``ANISOTROPY_FACTOR`` of it: the axis that was finest above and was halved down to 2
+    cells while the others caught up (a 32³ grid of 1 × 16 × 16 reaches (2, 32, 32), every
+    spacing equal). Like [`line_axis_for`][] it needs walls along the axis and the axis
+    not split across devices; the other halved axes must still be halvable."""
+    stuck = [a for a, (n, c) in enumerate(zip(grid.shape, halved)) if c and (n % 2 or n < 4)]
+    if len(stuck) != 1:
+        return None
+    (line,) = stuck
+    if grid.periodic[line] or (grid.is_sharded and grid.mesh_shape[line] > 1):
+        return None
+    others = [a for a, c in enumerate(halved) if c and a != line]
+    if not others or not all(grid.shape[a] % 2 == 0 and grid.shape[a] >= 4 for a in others):
+        return None
+    return line
+
+
 def build_hierarchy(grid: Grid, max_coarse: int) -> tuple[Level, ...] | None:
     """Levels from ``grid`` (possibly decomposed) down to a directly solvable one.
 
@@ -144,6 +164,8 @@ def _coarsen(grid: Grid, max_coarse: int):
         )
         if not halvable and line is None and g.size > max_coarse:
             line = line_axis_for(g)
+            if line is None:
+                line = _blocking_line_axis(g, halved)
             if line is not None:
                 continue
         if g.is_sharded:

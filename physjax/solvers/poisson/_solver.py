@@ -343,7 +343,8 @@ class PoissonSolver(eqx.Module):
                     f"cells before a level has ≤ max_coarse={max_coarse} cells; line "
                     f"relaxation takes over only along a single finest axis that has walls "
                     f"(not periodic) and is not split across devices, with every other axis "
-                    f"≥ {mg.ANISOTROPY_FACTOR:g}× coarser; use method='spectral' (constant "
+                    f"≥ {mg.ANISOTROPY_FACTOR:g}× coarser, or along the one axis that stops the "
+                    f"halving when it has walls; use method='spectral' (constant "
                     f"coefficient), or more cells along the finely spaced axes"
                 )
             if levels is None:
