@@ -934,20 +934,25 @@ def test_anisotropic_grids_semi_coarsening(shape, extent):
 
 @pytest.mark.parametrize("bc", ["dirichlet", "neumann"])
 @pytest.mark.parametrize(
-    "shape,extent,line_level",
-    [((16, 32, 32), (1.0, 16.0, 16.0), 3), ((2, 1024), (2 / 1024, 1.0), 0)],
+    "shape,extent,line_level,cells",
+    [
+        ((16, 32, 32), (1.0, 16.0, 16.0), 3, 2),
+        ((2, 1024), (2 / 1024, 1.0), 0, 2),
+        ((97, 128), (97 / 128, 1.0), 0, 97),
+    ],
 )
-def test_an_axis_halved_to_two_cells_is_relaxed_by_lines(shape, extent, line_level, bc):
+def test_an_axis_halved_to_two_cells_is_relaxed_by_lines(shape, extent, line_level, cells, bc):
     """z, 8× finer than x and y, is halved alone until the spacings are equal — at 2 cells,
     which then stopped the halving of every axis: the grid was refused ('cannot coarsen',
-    advising more cells along the finely spaced axes), as was (2, 1024) of square cells.
-    The axis that blocks the halving is now relaxed by lines and the others halved."""
+    advising more cells along the finely spaced axes), as were (2, 1024) of square cells
+    and (97, 128), whose odd axis stopped it. The one axis that blocks the halving is now
+    relaxed by lines and the others halved."""
     grid = _grid(shape, False, extent)
     levels = PoissonSolver(grid, bc, "cg").levels
     assert [lv.line for lv in levels[:-1]] == [None] * line_level + [0] * (
         len(levels) - 1 - line_level
     )
-    assert levels[line_level].grid.shape[0] == 2
+    assert levels[line_level].grid.shape[0] == cells
     f = np.random.default_rng(12).normal(size=shape)
     f -= f.mean()
     ref = solve(f, grid, bc, "spectral")

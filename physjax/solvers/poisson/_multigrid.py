@@ -116,8 +116,9 @@ def _blocking_line_axis(grid: Grid, halved: Sequence[bool]) -> int | None:
     axes (odd or < 4 cells) on a level that is still too large, the others being within
     ``ANISOTROPY_FACTOR`` of it: the axis that was finest above and was halved down to 2
     cells while the others caught up (a 32³ grid of 1 × 16 × 16 reaches (2, 32, 32), every
-    spacing equal). Like [`line_axis_for`][] it needs walls along the axis and the axis
-    not split across devices; the other halved axes must still be halvable."""
+    spacing equal), or an axis of odd size (97 × 128). Like [`line_axis_for`][] it needs
+    walls along the axis and the axis not split across devices; the other halved axes must
+    still be halvable."""
     stuck = [a for a, (n, c) in enumerate(zip(grid.shape, halved)) if c and (n % 2 or n < 4)]
     if len(stuck) != 1:
         return None
