@@ -118,7 +118,9 @@ class PoissonSolver(eqx.Module):
       Residuals reported against the stencil are then O(h²), not round-off. Homogeneous
       walls only: ``boundary_values`` are refused (they are folded for the stencil).
     - `throw`: raise (through ``eqx.error_if``) when an iterative solve does not converge
-      (default ``True``); with ``False`` check ``PoissonSolution.converged``.
+      (default ``True``), a solve that ``jax.grad``/``jax.jvp`` add for a derivative
+      included; with ``False`` check ``PoissonSolution.converged`` (which those solves do
+      not report).
 
     The solution of a problem without Dirichlet axes (and without `shift`) is fixed by
     zero mean.
