@@ -329,6 +329,26 @@ def test_backsolve_adjoint_gradient_wrt_drag():
     assert abs(back - fd) <= 1e-4 * abs(fd)
 
 
+def test_forward_mode_through_solve_diffrax_needs_forward_mode_adjoint():
+    """docs/shallow_water.md: jax.jacfwd through solve_diffrax works with
+    adjoint=diffrax.ForwardMode() (equal to the reverse-mode gradient) and is refused by
+    the default checkpointed adjoint."""
+    c = make_case("gravity-wave", nx=8, ny=8, precision="float64", drag=1e-5)
+    m, s = c.model, c.state
+
+    def loss(r, adjoint=None):
+        model = eqx.tree_at(lambda q: q.drag, m, r)
+        kw = {} if adjoint is None else {"adjoint": adjoint}
+        return jnp.sum(model.solve_diffrax(s, 0.0, 600.0, **kw).ys.u[-1] ** 2)
+
+    r0 = jnp.asarray(1e-5)
+    forward = float(jax.jacfwd(lambda r: loss(r, diffrax.ForwardMode()))(r0))
+    reverse = float(jax.grad(loss)(r0))
+    assert forward < 0 and abs(forward - reverse) <= 1e-8 * abs(reverse)
+    with pytest.raises(TypeError, match="forward-mode"):
+        jax.jacfwd(loss)(r0)
+
+
 # --------------------------------------------------------------- 8. solve_diffrax on a mesh
 def test_solve_diffrax_on_a_mesh_equals_one_device(gyre):
     assert len(jax.devices()) >= 4
