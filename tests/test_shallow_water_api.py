@@ -974,6 +974,30 @@ def test_solve_diffrax_max_steps_is_checked_and_reaching_it_is_an_error(adjust):
         )
 
 
+def test_solve_diffrax_throw_false_returns_a_failed_solve_with_its_result(adjust):
+    """A solve that reaches max_steps could only raise: a batch under vmap lost every
+    member for one that failed. ``throw=False`` (diffrax's) returns, ``sol.result`` naming
+    the failure and the frames not reached ``inf``; the members that succeed are whole."""
+    m, s, dt = adjust
+    T = 4 * dt
+    saveat = diffrax.SaveAt(ts=[0.0, T / 2, T])
+    failed = m.solve_diffrax(s, 0.0, T, saveat=saveat, max_steps=2, throw=False)
+    assert failed.result != diffrax.RESULTS.successful
+    assert np.isfinite(np.asarray(failed.ys.h[0])).all()
+    assert np.isinf(np.asarray(failed.ys.h[-1])).all()
+    ok = m.solve_diffrax(s, 0.0, T, saveat=saveat, throw=False)
+    assert ok.result == diffrax.RESULTS.successful
+    ref = m.solve_diffrax(s, 0.0, T, saveat=saveat)
+    assert _max_diff(ok.ys.h, ref.ys.h) == 0
+    # a batch whose second member asks for a span 100 times longer: only it fails
+    spans = jnp.asarray([T, 100 * T], s.h.dtype)
+    batch = jax.vmap(lambda t1: m.solve_diffrax(s, 0.0, t1, max_steps=50, throw=False))(spans)
+    assert np.asarray(batch.result == diffrax.RESULTS.successful).tolist() == [True, False]
+    assert _max_diff(batch.ys.h[0, -1], ref.ys.h[-1]) <= 1e-12 * float(np.abs(ref.ys.h).max())
+    with pytest.raises(TypeError, match=r"^throw must be True or False, got 'no'"):
+        m.solve_diffrax(s, 0.0, T, throw="no")
+
+
 def test_solve_diffrax_refuses_save_times_outside_the_span_before_compiling(adjust):
     """``SaveAt(ts=...)`` outside ``[t0, t1]`` or out of order was refused by diffrax only
     once the solve ran (an EquinoxRuntimeError after compiling, not naming the times); it is

@@ -249,6 +249,7 @@ def integrate_diffrax(
     stepsize_controller: diffrax.AbstractStepSizeController | None = None,
     adjoint: diffrax.AbstractAdjoint | None = None,
     max_steps: int | None | Literal["default"] = "default",
+    throw: bool = True,
 ) -> diffrax.Solution:
     """Integrate ``dy/dt = rhs(y, t)`` with diffrax (``rhs(y, t, args)`` when ``args`` is
     given: pass what is differentiated, e.g. a model's parameters, through ``args`` rather than
@@ -266,8 +267,11 @@ def integrate_diffrax(
     frames, which at 100 000 would be 100 000 copies of the state (79 GB for a 256² float32
     shallow-water state). Give ``max_steps`` to choose: a positive integer (Python or NumPy)
     or ``None`` (no limit, which ``steps=True`` and the default adjoint do not allow). A solve
-    that reaches it raises (diffrax's ``EquinoxRuntimeError``: 'The maximum number of solver
-    steps was reached').
+    that reaches it (or fails otherwise) raises (diffrax's ``EquinoxRuntimeError``: 'The
+    maximum number of solver steps was reached'); with ``throw=False`` it returns, and
+    ``sol.result`` says how it ended (``diffrax.RESULTS.successful`` or why not; the frames
+    it did not reach are ``inf``) — what a batch under ``vmap`` needs to keep its members
+    that succeeded.
 
     ``t0``, ``t1``, ``dt0`` and the ``ts`` of ``saveat`` are taken in the dtype of ``y0``'s
     floating leaves when they share one, so that a float32 state stays float32 (``sol.ts``
@@ -281,6 +285,8 @@ def integrate_diffrax(
     solver = diffrax.Tsit5() if solver is None else solver
     for name, tol in (("rtol", rtol), ("atol", atol)):
         _check_tolerance(name, tol)
+    if not isinstance(throw, (bool, np.bool_)):
+        raise TypeError(f"throw must be True or False, got {throw!r}")
     if stepsize_controller is None:
         stepsize_controller = diffrax.PIDController(
             rtol=1e-6 if rtol is None else rtol, atol=1e-8 if atol is None else atol
@@ -313,5 +319,6 @@ def integrate_diffrax(
         saveat=saveat,
         stepsize_controller=stepsize_controller,
         max_steps=max_steps,
+        throw=throw,
         **kwargs,
     )

@@ -1011,7 +1011,8 @@ class ShallowWater(eqx.Module):
     ):
         """Integrate with diffrax (adaptive Tsit5 with a PID controller by default); keyword
         arguments go to [`physjax.solvers.integrate_diffrax`][] (``solver``, ``saveat``,
-        ``rtol``, ``atol``, ``stepsize_controller``, ``adjoint``, ``dt0``, ``max_steps``).
+        ``rtol``, ``atol``, ``stepsize_controller``, ``adjoint``, ``dt0``, ``max_steps``,
+        ``throw``).
         The default tolerances are ``rtol=1e-6, atol=1e-8`` for a float64 model and
         ``rtol=1e-4, atol=1e-6`` for a float32 one, whose round-off would otherwise pass for
         truncation error and shrink the steps far below the stable step. They apply to
@@ -1029,7 +1030,8 @@ class ShallowWater(eqx.Module):
         last bits; the runs then agree to the tolerance). The state,
         times, ``rtol``/``atol``, ``max_steps``, the mesh and the save times of
         ``saveat=diffrax.SaveAt(ts=...)`` (within ``[t0, t1]``, in order) are checked first.
-        A solve that reaches ``max_steps`` raises diffrax's error.
+        A solve that reaches ``max_steps`` raises diffrax's error; with ``throw=False`` it
+        returns, ``sol.result`` saying how it ended and the frames it did not reach ``inf``.
         """
         unknown = sorted(set(kwargs) - _DIFFRAX_OPTIONS)
         if unknown:
