@@ -669,12 +669,11 @@ def run(args) -> int:
 
 
 def _run(args, held: contextlib.ExitStack) -> int:
-    from .cli import _check_plot_path, _write_plot, setup_jax
+    from .cli import _check_devices_divide, _check_plot_path, _write_plot, setup_jax
 
     s = resolve(args)
-    setup_jax(s["precision"], s["devices"])
 
-    # Input fields first: they fix the grid's shape and geometry.
+    # Input fields first (read without jax): they fix the grid's shape and geometry.
     rhs = read_field(s["rhs"], s.get("frame"), "rhs") if s.get("rhs") else None
     coef = None
     if s.get("coefficient"):
@@ -700,6 +699,11 @@ def _run(args, held: contextlib.ExitStack) -> int:
     else:
         nx, ny = s.get("nx", 64), s.get("ny", 64)
         shape = [ny, nx] if s.get("nz") is None else [s["nz"], ny, nx]
+    # before jax starts: on a CPU it simulates every device asked for, and a mistyped
+    # --devices 5000 took seconds and 700 MB to be told that it does not divide the grid
+    _check_devices_divide(s["devices"], tuple(shape))
+    setup_jax(s["precision"], s["devices"])
+    if rhs is None:
         from .cli import _check_memory
 
         _check_memory(nx, ny, s["precision"], s.get("nz"), "solve")
@@ -794,6 +798,8 @@ def _run(args, held: contextlib.ExitStack) -> int:
         f = rhs["data"].astype(s["precision"])
     if coef is not None:
         a = coef["data"]
+    from .cli import _shown_devices
+
     devices = s["devices"]
     mesh = None
     if devices not in (1, None, (1,) * ndim):
@@ -802,8 +808,6 @@ def _run(args, held: contextlib.ExitStack) -> int:
                 tuple(devices) if isinstance(devices, (list, tuple)) else devices, ndim
             )
         except ValueError as e:
-            from .cli import _shown_devices
-
             raise ValueError(f"--devices {_shown_devices(devices)}: {e}") from None
     try:
         solver = PoissonSolver(
@@ -821,6 +825,11 @@ def _run(args, held: contextlib.ExitStack) -> int:
     except ValueError as e:
         if coef is not None and str(e).startswith("coefficient"):
             raise ValueError(f"--coefficient {s['coefficient']}: {e}") from None
+        if str(e).startswith("the spectral method on"):  # its slabs split by the devices
+            raise ValueError(
+                f"--devices {_shown_devices(devices)}: {e}; give a device count that divides "
+                f"those sizes, or --method multigrid"
+            ) from None
         if str(e).startswith("multigrid cannot coarsen"):
             sizes = " ".join(f"--n{n} {k}" for n, k in zip(names, shape))
             text = str(e).replace("method='spectral'", "--method spectral")

@@ -243,13 +243,13 @@ def _devices_setting(value) -> int | tuple[int, ...]:
     return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
-def _layout(devices) -> tuple[int, ...]:
+def _layout(devices, ndim: int = 2) -> tuple[int, ...]:
     """A ``--devices`` setting as a layout: ``4``, ``"2x2"`` and ``[2, 2]`` are one layout
-    (make_mesh's for a count)."""
+    (make_mesh's for a count, on a grid of `ndim` axes: 4 is 1x2x2 in 3-D)."""
     from .parallel._mesh import _default_layout
 
     v = _devices_setting(devices)
-    return tuple(v) if isinstance(v, (tuple, list)) else _default_layout(int(v), 2)
+    return tuple(v) if isinstance(v, (tuple, list)) else _default_layout(int(v), ndim)
 
 
 def _check_devices_divide(devices, shape: tuple[int, ...]) -> None:
@@ -269,7 +269,7 @@ def _check_devices_divide(devices, shape: tuple[int, ...]) -> None:
             f"cells; each device takes a block of at least one cell: give fewer devices or a "
             f"larger grid"
         )
-    layout = _layout(value)
+    layout = _layout(value, len(shape))
     if len(layout) == len(shape):
         names = ("z", "y", "x")[3 - len(shape) :]
         try:  # the grid's own check (no jax backend needed): the split is even

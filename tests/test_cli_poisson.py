@@ -540,7 +540,11 @@ def rhs_file(tmp_path):
         (["--shift", "0"], "--shift must be a finite number > 0, got 0.0"),
         (["--shift", "nan"], "--shift must be a finite number > 0, got nan"),
         (["--max-iterations", "0"], "--max-iterations must be a positive integer"),
-        (["--devices", "3"], "the mesh does not divide the grid: ny=64"),
+        (["--devices", "3"], "--devices 3: the mesh does not divide the grid: ny=64"),
+        (  # the slabs of the spectral method: the layout 2x2 divides 6×6, 4 slabs do not
+            ["--n", "6", "--devices", "4"],
+            "--devices 4: the spectral method on 4 devices needs ny divisible by 4",
+        ),
         (["--nz", "8", "--devices", "2x2"], "--devices 2x2: a device layout needs 3 positive"),
         (["--plot", "p.jpg"], "--plot must name a .png"),
         (["--rhs", "nofile.h5:f", "--bc", "periodic"], "file 'nofile.h5' does not exist"),
@@ -577,6 +581,32 @@ def test_bad_input_clear_error_and_no_file(tmp_path, capsys, rhs_file, extra, ma
     assert match in err
     assert not out.exists()
     assert sorted(tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize(
+    "extra, devices, match",
+    [
+        # simulated on a CPU before the mesh was checked: 5000 took seconds and 700 MB
+        (["--n", "16"], "5000", "--devices 5000: 5000 devices for a grid of 16×16 = 256 cells"),
+        (["--n", "16"], "3", "--devices 3: the mesh does not divide the grid: ny=16 cannot"),
+        (["--n", "16", "--nz", "8"], "3", "--devices 3: the mesh does not divide the grid: ny=16"),
+        (["--rhs", "{rhs}:forcing"], "5000", "5000 devices for a grid of 8×8 = 64 cells"),
+        (["--rhs", "{rhs}:forcing"], "1x3", "--devices 1x3: the mesh does not divide the grid"),
+    ],
+)
+def test_devices_that_cannot_split_the_grid_are_refused_before_jax_starts(
+    tmp_path, capsys, monkeypatch, rhs_file, extra, devices, match
+):
+    from physjax import cli
+
+    started = []
+    monkeypatch.setattr(cli, "setup_jax", lambda *a: started.append(a))
+    extra = [e.replace("{rhs}", str(rhs_file)) for e in extra]
+    code, out = _poisson(tmp_path, *extra, "--bc", "periodic", "--devices", devices)
+    err = capsys.readouterr().err
+    assert code == 2 and match in err and err.count("\n") == 1, err
+    assert started == []  # the devices were never simulated
+    assert not out.exists()
 
 
 def test_output_paths_and_config_errors(tmp_path, capsys, rhs_file):
