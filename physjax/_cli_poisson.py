@@ -672,6 +672,7 @@ def _run(args, held: contextlib.ExitStack) -> int:
     from .cli import _check_devices_divide, _check_plot_path, _write_plot, setup_jax
 
     s = resolve(args)
+    given_as = s.pop("_given_as", None) or {}  # nx, ny set by --n (or a config's n)
 
     # Input fields first (read without jax): they fix the grid's shape and geometry.
     rhs = read_field(s["rhs"], s.get("frame"), "rhs") if s.get("rhs") else None
@@ -687,9 +688,9 @@ def _run(args, held: contextlib.ExitStack) -> int:
         for name, size in zip(names, shape):
             given = s.get(f"n{name}")
             if given is not None and given != size:
-                # the option the user gave: --n sets nx and ny unless they are given too
-                by_n = getattr(args, "n", None) is not None and name != "z"
-                option = "--n" if by_n and getattr(args, f"n{name}", None) is None else f"--n{name}"
+                # the option the user gave: --n (or n in --config) sets nx and ny unless
+                # they are given too
+                option = "--n" if f"n{name}" in given_as else f"--n{name}"
                 raise ValueError(
                     f"{option}={given} does not match --rhs {s['rhs']}, whose shape is "
                     f"{tuple(shape)}; leave the grid size out to take the variable's"

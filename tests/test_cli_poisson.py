@@ -609,6 +609,17 @@ def test_devices_that_cannot_split_the_grid_are_refused_before_jax_starts(
     assert not out.exists()
 
 
+def test_a_config_files_n_is_named_as_n(tmp_path, capsys, rhs_file):
+    """n in --config sets nx and ny like --n; a mismatch with --rhs named it --ny."""
+    config = tmp_path / "n.toml"
+    config.write_text("n = 16\n")
+    for extra in ([], ["--nx", "8"]):
+        args = ["--config", str(config), "--rhs", f"{rhs_file}:forcing", "--bc", "periodic"]
+        code, _ = _poisson(tmp_path, *args, *extra)
+        err = capsys.readouterr().err
+        assert code == 2 and "error: --n=16 does not match --rhs" in err, err
+
+
 def test_output_paths_and_config_errors(tmp_path, capsys, rhs_file):
     code, _ = _poisson(
         tmp_path, "--rhs", f"{rhs_file}:forcing", "--bc", "periodic", name=rhs_file.name
