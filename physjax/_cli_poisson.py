@@ -235,7 +235,27 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
 def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -> dict[str, Any]:
     """The values of ``FILE:VARIABLE`` (one frame if it has a time dimension), with the
     names and values of its dimension coordinates and its ``units``. With ``strict``, a
-    ``frame`` given for a variable without a time dimension is an error."""
+    ``frame`` given for a variable without a time dimension is an error.
+
+    A running physjax writer that finds the file open here goes on without HDF5's lock and
+    may extend the file while it is read ("addr overflow"): the read is then started again,
+    for up to ``_LOCK_WAIT`` seconds."""
+    deadline = time.monotonic() + _LOCK_WAIT
+    while True:
+        try:
+            return _read_field(spec, frame, option, strict)
+        except OSError as e:  # the open's own errors are ValueErrors: this is the read
+            if time.monotonic() < deadline:
+                time.sleep(0.1)
+                continue
+            path = spec.rsplit(":", 1)[0]
+            raise ValueError(
+                f"--{option}: reading {spec} failed for {_LOCK_WAIT:g} s ({e}); if a run is "
+                f"writing {path!r}, try again once it has finished"
+            ) from None
+
+
+def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict[str, Any]:
     import h5py
 
     path, name = spec.rsplit(":", 1)
@@ -373,8 +393,8 @@ _LOCK_WAIT = 5.0
 
 def _open_for_reading(path: str, option: str):
     """``h5py.File(path, "r")``, retried for a few seconds while another process holds the
-    file's lock (a physjax run writing it takes it for each frame); a netCDF-3 file named
-    as such."""
+    file's lock (a physjax run writing it takes it for each frame) or is extending it; a
+    netCDF-3 file named as such."""
     import h5py
 
     deadline = time.monotonic() + _LOCK_WAIT
@@ -383,7 +403,10 @@ def _open_for_reading(path: str, option: str):
             return h5py.File(path, "r")
         except OSError as e:
             locked = "unable to lock file" in str(e) or getattr(e, "errno", None) == 11
-            if locked and time.monotonic() < deadline:
+            # a writer that went on without the lock (it found the file open here) may be
+            # extending it: its end is not yet where the superblock says
+            growing = "truncated file" in str(e)
+            if (locked or growing) and time.monotonic() < deadline:
                 time.sleep(0.1)
                 continue
             if locked:

@@ -1005,6 +1005,47 @@ def test_a_file_locked_by_a_writer_is_waited_for(tmp_path, capsys, monkeypatch):
     assert code == 2 and "is locked by another process and stayed so for 0.3 s" in err, err
 
 
+def test_a_file_a_running_writer_extends_is_read_again(tmp_path, capsys, monkeypatch):
+    """A physjax run that finds its file open by a reader goes on without HDF5's lock, so
+    --rhs on a running shallow-water file met the file growing under it: 'addr overflow'
+    while reading (a traceback, exit status 1) or 'truncated file' on opening (refused as
+    not NetCDF4/HDF5), in about 1 of 3 tries at a run saving every two steps. Both are
+    tried again; a read that keeps failing is named."""
+    import physjax._cli_poisson as cli_poisson
+
+    src = tmp_path / "in.h5"
+    f = np.random.default_rng(6).normal(size=(8, 8))
+    _write_rhs(src, f - f.mean(), 1.0, 1.0)
+    failures = {"open": 1, "read": 1}
+    init, getitem = h5py.File.__init__, h5py.Dataset.__getitem__
+
+    def opening(self, *a, **k):
+        if failures["open"]:
+            failures["open"] -= 1
+            raise OSError("Unable to synchronously open file (truncated file: eof = 96, …)")
+        init(self, *a, **k)
+
+    def reading(self, *a):
+        if self.name == "/forcing" and failures["read"]:
+            failures["read"] -= 1
+            raise OSError("Can't synchronously read data (addr overflow, addr = 3221, …)")
+        return getitem(self, *a)
+
+    monkeypatch.setattr(h5py.File, "__init__", opening)
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", reading)
+    code, out = _poisson(tmp_path, "--rhs", f"{src}:forcing", "--bc", "periodic")
+    assert code == 0, capsys.readouterr().err
+    assert failures == {"open": 0, "read": 0}
+    with xr.open_dataset(out) as ds:
+        np.testing.assert_allclose(ds["f"].values, f - f.mean(), rtol=0, atol=1e-15)
+    monkeypatch.setattr(cli_poisson, "_LOCK_WAIT", 0.3)
+    failures["read"] = 10**6
+    code, out = _poisson(tmp_path, "--rhs", f"{src}:forcing", "--bc", "periodic", name="q.h5")
+    err = capsys.readouterr().err
+    assert code == 2 and f"--rhs: reading {src}:forcing failed for 0.3 s (Can't" in err, err
+    assert not out.exists()
+
+
 def test_netcdf3_files_and_recorded_boundaries_are_named(tmp_path, capsys):
     classic = tmp_path / "classic.nc"
     classic.write_bytes(b"CDF\x01" + bytes(60))
