@@ -698,13 +698,21 @@ def _run(args, held: contextlib.ExitStack) -> int:
     given_as = s.pop("_given_as", None) or {}  # nx, ny set by --n (or a config's n)
 
     # Input fields first (read without jax): they fix the grid's shape and geometry.
-    rhs = read_field(s["rhs"], s.get("frame"), "rhs") if s.get("rhs") else None
-    coef = None
+    # --frame is for whichever of the two has a time dimension (both, if both have one)
+    frame = s.get("frame")
+    rhs = coef = None
+    if s.get("rhs"):
+        rhs = read_field(s["rhs"], frame, "rhs", strict=not s.get("coefficient"))
     if s.get("coefficient"):
-        # --frame is for the right-hand side; a static coefficient may go with it
-        coef = read_field(s["coefficient"], s.get("frame"), "coefficient", strict=rhs is None)
-    if s.get("frame") is not None and rhs is None and coef is None:
+        coef = read_field(s["coefficient"], frame, "coefficient", strict=rhs is None)
+    if frame is not None and rhs is None and coef is None:
         raise ValueError("--frame needs --rhs or --coefficient")
+    if frame is not None and rhs is not None and coef is not None:
+        if rhs["frame"] is None and coef["frame"] is None:
+            raise ValueError(
+                f"--frame given, but neither --rhs {s['rhs']} nor --coefficient "
+                f"{s['coefficient']} has a time dimension"
+            )
     if rhs is not None:
         shape = list(rhs["data"].shape)
         names = ("z", "y", "x")[3 - len(shape) :]
@@ -937,7 +945,8 @@ def _run(args, held: contextlib.ExitStack) -> int:
         rhs=s.get("rhs") or "",
         coefficient=s.get("coefficient") or "",
         shift=shift,
-        frame=-1 if rhs is None or rhs["frame"] is None else rhs["frame"],
+        # the frame taken: the right-hand side's, else the coefficient's (-1: none)
+        frame=next((x["frame"] for x in (rhs, coef) if x and x["frame"] is not None), -1),
         rhs_time=None if rhs is None else rhs["time"],  # of that frame, if it has one
         rhs_time_units=None if rhs is None else rhs["time_units"],
         bc=list(bc),

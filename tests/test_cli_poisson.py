@@ -275,6 +275,22 @@ def test_coefficient_from_file(tmp_path, capsys):
     assert code == 0
     with xr.open_dataset(out) as ds:
         assert np.abs(np.asarray(ds["u"]) - 2 * ref).max() <= 1e-8 * np.abs(ref).max()
+    # and that of a time-dependent coefficient beside a static f (refused: "--frame given,
+    # but …:f has no time dimension"), recorded also without --rhs (it was -1)
+    _write_rhs(timed, np.stack([a, 2 * a]), 1 / nx, 1 / ny, units="1", time=True)
+    given_f = ("--rhs", f"{src}:f", "--bc", "dirichlet")
+    for rhs, name in ((given_f, "c.h5"), (("--case", "dirichlet", "--n", "32"), "cm.h5")):
+        argv = ("--coefficient", f"{timed}:forcing", "--frame", "1", *rhs)
+        code, out = _poisson(tmp_path, *argv, name=name)
+        assert code == 0, capsys.readouterr().err
+        with xr.open_dataset(out) as ds:
+            np.testing.assert_array_equal(ds["a"], 2 * a)
+            assert json.loads(ds.attrs["configuration"])["frame"] == 1
+            if rhs == given_f:  # ∇·(2a∇u) = f: u/2
+                assert np.abs(np.asarray(ds["u"]) - ref / 2).max() <= 1e-8 * np.abs(ref).max()
+    code, _ = _poisson(tmp_path, "--coefficient", f"{src}:a", "--frame", "0", *given_f)
+    err = capsys.readouterr().err
+    assert code == 2 and f"--frame given, but neither --rhs {src}:f nor --coefficient" in err
     # a coefficient that is not > 0: the error names the option and the file's variable
     with h5py.File(src, "a") as h:
         h["neg"] = a - 1.2
