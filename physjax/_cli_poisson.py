@@ -646,6 +646,15 @@ def _geometry_from_coords(field: dict, lengths: list, names: tuple[str, ...]):
             values = values * LENGTH_UNITS[unit.strip().lower()]
         step = np.diff(values)
         d = float(step[0])
+        if d < 0 and np.allclose(step, d, rtol=1e-6, atol=0):  # --l… would reverse the axis
+            dim = field["dims"][axis] or names[axis]
+            raise ValueError(
+                f"--rhs: the {names[axis]} coordinate of {field['spec']} decreases "
+                f"({values[0]:g} … {values[-1]:g}); the grid's first cell is its lowest: "
+                f"store the variable with {dim} increasing (with xarray, ds.sortby({dim!r})) "
+                f"— a length given with --l{names[axis]} would take the values by position, "
+                f"the axis reversed"
+            )
         if not (d > 0 and np.allclose(step, d, rtol=1e-6, atol=0)):
             raise ValueError(
                 f"--rhs: the {names[axis]} coordinate of {field['spec']} is not uniformly "

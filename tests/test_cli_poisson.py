@@ -711,6 +711,17 @@ def test_coordinate_units(tmp_path, capsys):
     assert code == 0
     with xr.open_dataset(out) as ds:
         assert json.loads(ds.attrs["configuration"])["extent"] == [1e3, 16e3]
+    # y stored north to south: 'not uniformly increasing; give the domain length with --ly'
+    # led to a solve with the axis reversed against the file's coordinates
+    down = tmp_path / "down.nc"
+    xr.Dataset({"f": (("y", "x"), f)}, coords={"y": 8.0 - np.arange(8)}).to_netcdf(
+        down, engine="h5netcdf"
+    )
+    code, out = _poisson(tmp_path, "--rhs", f"{down}:f", "--bc", "periodic", name="d.h5")
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists()
+    assert "the y coordinate of" in err and "decreases (8 … 1)" in err, err
+    assert "store the variable with y increasing (with xarray, ds.sortby('y'))" in err
 
 
 def test_packed_and_missing_values_read_as_cf_readers_do(tmp_path, capsys):
