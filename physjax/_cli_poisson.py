@@ -744,10 +744,13 @@ def _run(args, held: contextlib.ExitStack) -> int:
     # --devices 5000 took seconds and 700 MB to be told that it does not divide the grid
     _check_devices_divide(s["devices"], tuple(shape))
     setup_jax(s["precision"], s["devices"])
-    if rhs is None:
-        from .cli import _check_memory
+    from .cli import _check_memory
 
+    if rhs is None:
         _check_memory(nx, ny, s["precision"], s.get("nz"), "solve")
+    else:  # the file's grid, as large as it may be
+        nz = shape[0] if len(shape) == 3 else None
+        _check_memory(shape[-1], shape[-2], s["precision"], nz, "solve", f"--rhs {s['rhs']}")
     ndim = len(shape)
     names = ("z", "y", "x")[3 - ndim :]
     if ndim == 2 and s.get("lz") is not None:

@@ -625,10 +625,16 @@ _FIELDS_IN_MEMORY = 24
 
 
 def _check_memory(
-    nx: int, ny: int, precision: str, nz: int | None = None, what: str = "run"
+    nx: int,
+    ny: int,
+    precision: str,
+    nz: int | None = None,
+    what: str = "run",
+    options: str | None = None,
 ) -> None:
     """Refuse, before anything is allocated, a grid whose run (or solve) cannot fit in this
-    machine's memory (CPU only: on an accelerator the fields live in its own memory)."""
+    machine's memory (CPU only: on an accelerator the fields live in its own memory).
+    `options` names what set the grid's size (default: ``--nx … --ny …``)."""
     import jax
 
     if jax.default_backend() != "cpu":
@@ -640,7 +646,7 @@ def _check_memory(
     cells = nx * ny * (nz or 1)
     need = _FIELDS_IN_MEMORY * cells * (4 if precision == "float32" else 8)
     if need > total:
-        options = f"--nx {nx} --ny {ny}" + (f" --nz {nz}" if nz else "")
+        options = options or f"--nx {nx} --ny {ny}" + (f" --nz {nz}" if nz else "")
         shape = "×".join(str(n) for n in (nz, ny, nx) if n)
         raise ValueError(
             f"{options}: a {precision} {what} of {shape} cells needs about "

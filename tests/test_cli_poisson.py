@@ -625,6 +625,20 @@ def test_devices_that_cannot_split_the_grid_are_refused_before_jax_starts(
     assert not out.exists()
 
 
+def test_a_grid_from_rhs_too_large_for_memory_is_refused(tmp_path, capsys, monkeypatch):
+    """The memory check of --n/--nx/--nz was skipped for a --rhs grid: a file's 20000×20000
+    field went on to a solve needing about 72 GiB. (A machine 10^9 times smaller here.)"""
+    from physjax import cli
+
+    src = tmp_path / "in.h5"
+    _write_rhs(src, np.ones((4, 16, 8)), 1.0, 1.0, time=True)
+    monkeypatch.setattr(cli, "_FIELDS_IN_MEMORY", 24 * 10**9)
+    code, out = _poisson(tmp_path, "--rhs", f"{src}:forcing", "--bc", "periodic")
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists()
+    assert f"--rhs {src}:forcing: a float64 solve of 16×8 cells needs about" in err, err
+
+
 def test_a_config_files_n_is_named_as_n(tmp_path, capsys, rhs_file):
     """n in --config sets nx and ny like --n; a mismatch with --rhs named it --ny."""
     config = tmp_path / "n.toml"
