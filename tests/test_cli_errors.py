@@ -375,6 +375,7 @@ def test_empty_strings_are_refused_not_taken_for_defaults(tmp_path, capsys, sett
         ("1000000", "--devices 1000000: 1000000 devices for a grid of 16×16 = 256 cells;"),
         ("3", "--devices 3: the mesh does not divide the grid: ny=16 cannot be split into 3"),
         ("1x32", "--devices 1x32: the mesh does not divide the grid: nx=16 cannot be split"),
+        ("4x4x4", "--devices 4x4x4: a device layout needs 2 positive entries, one per grid"),
     ],
 )
 def test_devices_that_cannot_split_the_grid_are_refused_before_jax_starts(

@@ -608,6 +608,11 @@ def test_bad_input_clear_error_and_no_file(tmp_path, capsys, rhs_file, extra, ma
         (["--n", "16", "--nz", "8"], "3", "--devices 3: the mesh does not divide the grid: ny=16"),
         (["--rhs", "{rhs}:forcing"], "5000", "5000 devices for a grid of 8×8 = 64 cells"),
         (["--rhs", "{rhs}:forcing"], "1x3", "--devices 1x3: the mesh does not divide the grid"),
+        (  # 74 s and 1.3 GB to be told so once the devices were simulated
+            ["--n", "16", "--nz", "8"],
+            "100x100",
+            "--devices 100x100: a device layout needs 3 positive entries, one per grid axis",
+        ),
     ],
 )
 def test_devices_that_cannot_split_the_grid_are_refused_before_jax_starts(
