@@ -876,6 +876,8 @@ def _run(args, held: contextlib.ExitStack) -> int:
             ) from None
         if str(e).startswith("multigrid cannot coarsen"):
             sizes = " ".join(f"--n{n} {k}" for n, k in zip(names, shape))
+            if rhs is not None:  # its sizes are the file's, not options given
+                sizes = f"--rhs {s['rhs']} ({'×'.join(map(str, shape))})"
             text = str(e).replace("method='spectral'", "--method spectral")
             # max_coarse is a Python argument only: the command line keeps its default
             text = re.sub(r"max_coarse=(\d+)", r"\1", text)

@@ -531,6 +531,7 @@ def rhs_file(tmp_path):
         h["empty"] = np.zeros((0, 8, 8))
         h["bad"] = np.full((8, 8), np.nan)
         h["cplx"] = np.ones((8, 8), complex)
+        h["odd"] = np.zeros((97, 97))
     xr.Dataset({"yz": (("y", "z"), np.ones((8, 8)))}).to_netcdf(path, "a", engine="h5netcdf")
     return path
 
@@ -550,6 +551,10 @@ def rhs_file(tmp_path):
         (  # max_coarse is not an option of the command: its message names the number only
             ["--method", "multigrid", "--n", "97"],
             "cannot be halved), more than 1024 cells; use sizes c·2^k",
+        ),
+        (  # a grid from --rhs: named "--ny 97 --nx 97", options not given and not givable
+            ["--method", "multigrid", "--rhs", "{rhs}:odd", "--bc", "periodic"],
+            ":odd (97×97): multigrid cannot coarsen grid.shape=(97, 97)",
         ),
         (["--method", "spectral", "--case", "variable-coefficient"], "needs a constant coef"),
         (["--rtol", "2"], "--rtol must be a number in (0, 1)"),
