@@ -131,6 +131,49 @@ def _status_text(status: str) -> str:
     return ""
 
 
+#: Width of a colour bar and its gap to the panel [inches].
+_BAR_WIDTH, _BAR_PAD = 0.15, 0.08
+
+
+def _bar_beside(ax):
+    """Axes for a colour bar just right of the panel ``ax`` as drawn, as tall as it.
+
+    ``fig.colorbar(ax=ax)`` sizes the bar by the panel's slot in the layout, which a panel
+    of true proportions (a domain wider than tall) fills only in part: the bar stood above
+    and below the field it keys. An inset axes follows the drawn panel (the constrained
+    layout makes room for it); its width and gap are in inches, so a narrow panel's bar is
+    not a hairline."""
+    from matplotlib.transforms import ScaledTranslation, blended_transform_factory
+
+    fig = ax.get_figure()
+    # x: inches from the panel's right edge; y: the panel's height
+    right = fig.dpi_scale_trans + ScaledTranslation(1, 0, ax.transAxes)
+    return ax.inset_axes(
+        [_BAR_PAD, 0, _BAR_WIDTH, 1], transform=blended_transform_factory(right, ax.transAxes)
+    )
+
+
+def _fit_height(fig, panels) -> None:
+    """Take out of the figure's height what panels of true proportions leave blank.
+
+    A domain wider than its panel's slot is drawn shorter than the slot, leaving blank bands
+    above and below it (between the figure's title and the panels' titles, under the x
+    labels). The figure is laid out, and made shorter by the blank its title and the
+    tallest panel with its titles, labels and colour bar leave; the panels keep their
+    width, so their drawn size."""
+    for _ in range(3):  # the layout moves a little with the height: settle it
+        fig.draw_without_rendering()  # lays the figure out and places the labels
+        renderer = fig.canvas.get_renderer()
+        width, height = fig.get_size_inches()
+        used = max(ax.get_tightbbox(renderer).height for ax in panels)
+        if fig._suptitle is not None:
+            used += fig._suptitle.get_window_extent(renderer).height
+        blank = height - used / fig.dpi - 0.25  # room for the layout's pads
+        if blank < 0.05:
+            return
+        fig.set_size_inches(width, height - blank)
+
+
 def plot_panels(
     path: str | os.PathLike,
     output: str | os.PathLike,
@@ -217,7 +260,7 @@ def plot_panels(
         ax.set_xlabel(f"x [{xy_units}]")
         ax.set_ylabel(f"y [{xy_units}]")
         ax.set_title(title, fontsize=10)
-        fig.colorbar(im, ax=ax, shrink=0.85, label=f"{label} [{units}]")
+        fig.colorbar(im, cax=_bar_beside(ax), label=f"{label} [{units}]")
     case = sel.attrs.get("case", "")
     if sel.attrs.get("title") == "physjax poisson":
         config = json.loads(sel.attrs.get("configuration", "") or "{}")
@@ -233,6 +276,7 @@ def plot_panels(
                 when = f"{value:g} {unit}"
             case += f" (frame {config.get('frame')}, t = {when})"
     fig.suptitle(f"physjax {case}{title_time}{_status_text(str(sel.attrs.get('status', '')))}")
+    _fit_height(fig, axes[0])
     fig.savefig(os.fspath(output), dpi=110, bbox_inches="tight")
     plt.close(fig)
     return os.fspath(output)

@@ -457,6 +457,36 @@ def test_plot_title_does_not_overlap_the_panel_titles(tmp_path, monkeypatch):
         assert ax.title.get_window_extent(renderer).y1 < top.y0
 
 
+@pytest.mark.parametrize("nx, ny, lx", [("32", "16", "2"), ("48", "16", "3"), ("8", "24", "0.333")])
+def test_plot_colour_bars_are_as_tall_as_their_panels(tmp_path, monkeypatch, nx, ny, lx):
+    """A domain wider than about 2:1 keeps its true proportions in a short panel, but its
+    colour bar was sized by the panel's slot: a bar up to twice the height of the field it
+    keys, with blank space above and below the panel. Each bar now spans its panel exactly,
+    beside it, and the figure is no taller than the panels need."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    png = str(tmp_path / "p.png")
+    code, _ = _poisson(tmp_path, "--nx", nx, "--ny", ny, "--lx", lx, "--plot", png)
+    assert code == 0
+    fig = figures[-1]
+    renderer = fig.canvas.get_renderer()
+    panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    assert len(panels) == 3
+    for ax in panels:
+        box = ax.get_window_extent(renderer)
+        bar = ax.collections[0].colorbar.ax.get_window_extent(renderer)
+        assert ax.get_aspect() == 1  # true proportions kept
+        assert bar.y0 == pytest.approx(box.y0, abs=1) and bar.y1 == pytest.approx(box.y1, abs=1)
+        assert 0 < bar.x0 - box.x1 < 0.3 * fig.dpi  # beside its panel, not across a gap
+    # no blank bands above and below short panels: the figure holds its title and the
+    # panels with their titles, labels and bars, and little else
+    used = fig._suptitle.get_window_extent(renderer).height
+    used += max(ax.get_tightbbox(renderer).height for ax in panels)
+    assert fig.bbox.height - used < 0.4 * fig.dpi
+
+
 def test_plot_of_a_deep_3d_box_gives_its_level_without_an_exponent(tmp_path, monkeypatch):
     """An ocean-sized 3-D solve (4 km deep) titled its panels "at z = 2.5e+03 m"; the level is
     now in whole metres below 10 km, in km above."""
