@@ -22,6 +22,34 @@ def _axes(ds, dims):
     return x, y, "m"
 
 
+def _on_the_domain(var, ds):
+    """``(var, (y_limits, x_limits))``: the domain's extent along the panel's two axes (None
+    for a coordinate of one value), and ``var`` closed over a periodic axis it lies on the
+    faces of.
+
+    A field on the cell faces or corners (ζ of a shallow-water run) is drawn in cells centred
+    on its points, half a cell lower than the domain: its panel went from −Δ/2 to L − Δ/2,
+    beside a height panel from 0 to L, with other ticks. Every panel now shows the domain,
+    0 to L; on a periodic axis the first face is the last one (at L) again, so the half cell
+    at the top is drawn; on a walled one the face at L is not stored and stays blank."""
+    import xarray as xr
+
+    limits = []
+    for dim in var.dims[-2:]:
+        coord = ds[dim] if dim in ds.coords else var[dim]
+        c = np.asarray(coord, dtype=float)
+        if c.size < 2:
+            limits.append(None)
+            continue
+        step = c[1] - c[0]
+        faces = coord.attrs.get("c_grid_axis_shift") == -0.5  # the cells' low faces
+        limits.append((c[0], c[-1] + step) if faces else (c[0] - step / 2, c[-1] + step / 2))
+        if faces and coord.attrs.get("boundary") == "periodic":
+            first = var.isel({dim: [0]}).assign_coords({dim: [c[-1] + step]})
+            var = xr.concat([var, first], dim, combine_attrs="override")
+    return var, tuple(limits)
+
+
 def _read_frame(path: str | os.PathLike, frame: int | None):
     """One frame (default: the last; the whole file without a time axis) read into memory.
 
@@ -247,7 +275,8 @@ def plot_panels(
             z = float(sel[var.dims[0]][level])
             var = var.isel({var.dims[0]: level})
             title = f"{title}\nat z = {_length_text(z)}"
-        x, y, xy_units = _axes(sel, var.dims[-2:])
+        var, limits = _on_the_domain(var, sel)
+        x, y, xy_units = _axes(var, var.dims[-2:])
         data, vmin, vmax, exponent, note = _colour_scale(np.asarray(var, dtype=float), cmap)
         if exponent:  # the power of ten in the label, not over the bar
             units = f"$10^{{{exponent}}}$ {units}"
@@ -257,6 +286,11 @@ def plot_panels(
         width, height = np.ptp(x), np.ptp(y)
         # true proportions, unless they leave a sliver (a long channel): then fill the panel
         ax.set_aspect("equal" if 0 < height <= 4 * width and width <= 4 * height else "auto")
+        scale = 1e3 if xy_units == "km" else 1.0
+        if limits[1] is not None:
+            ax.set_xlim(*(v / scale for v in limits[1]))
+        if limits[0] is not None:
+            ax.set_ylim(*(v / scale for v in limits[0]))
         ax.set_xlabel(f"x [{xy_units}]")
         ax.set_ylabel(f"y [{xy_units}]")
         ax.set_title(title, fontsize=10)

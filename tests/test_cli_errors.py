@@ -527,6 +527,28 @@ def test_plot_title_says_when_the_run_did_not_end_as_asked(tmp_path, monkeypatch
         assert lines[1:] == ([] if ending is None else [ending]), status
 
 
+@pytest.mark.parametrize("case", ["gravity-wave", "wind-gyre"])
+def test_plot_panels_of_centre_and_corner_fields_show_the_same_domain(tmp_path, monkeypatch, case):
+    """The vorticity panel (ζ on the cell corners, drawn in cells centred on them) went from
+    −Δ/2 to L − Δ/2, half a cell off the height panel beside it (0 to L), with other ticks;
+    both now show the domain, a periodic axis drawn to L with its first corner again."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    run = tmp_path / "w.h5"
+    args = ["shallow-water", "--case", case, "--n", "16", "--t-end", "3000", "--quiet"]
+    assert main([*args, "--output", str(run), "--plot", str(tmp_path / "w.png")]) == 0
+    with xr.open_dataset(run, engine="h5netcdf") as ds:
+        lx, ly = (float(ds.attrs[f"parameter_L{a}"]) / 1e3 for a in "xy")
+        periodic = ds["x"].attrs["boundary"] == "periodic"
+    height, vorticity = [ax for ax in figures[-1].axes if ax.get_label() != "<colorbar>"]
+    for ax in (height, vorticity):
+        assert ax.get_xlim() == pytest.approx((0, lx)) and ax.get_ylim() == pytest.approx((0, ly))
+    corners = vorticity.collections[0].get_coordinates()  # the mesh's cell corners
+    assert corners[..., 0].max() == pytest.approx(lx + lx / 32 if periodic else lx - lx / 32)
+
+
 def test_plot_of_a_height_field_with_one_inf_cell_draws_the_others(tmp_path, monkeypatch):
     """One Inf cell in h (a run blowing up) made the mean Inf, so the whole height-anomaly
     panel was NaN and drawn empty, "(no finite value)"; the mean is now of the finite cells,
