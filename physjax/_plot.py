@@ -279,7 +279,9 @@ def plot_panels(
         x, y, xy_units = _axes(var, var.dims[-2:])
         data, vmin, vmax, exponent, note = _colour_scale(np.asarray(var, dtype=float), cmap)
         if exponent:  # the power of ten in the label, not over the bar
-            units = f"$10^{{{exponent}}}$ {units}"
+            # a dimensionless field (CF units "1") is in powers of ten alone: "10⁻⁴", not "10⁻⁴ 1"
+            power = f"$10^{{{exponent}}}$"
+            units = power if units.strip() in ("", "1") else f"{power} {units}"
         title += note
         colours = plt.get_cmap(cmap).with_extremes(bad="0.5")  # NaN/Inf grey, not zero's white
         im = ax.pcolormesh(x, y, data, cmap=colours, shading="auto", vmin=vmin, vmax=vmax)
@@ -294,7 +296,8 @@ def plot_panels(
         ax.set_xlabel(f"x [{xy_units}]")
         ax.set_ylabel(f"y [{xy_units}]")
         ax.set_title(title, fontsize=10)
-        fig.colorbar(im, cax=_bar_beside(ax), label=f"{label} [{units}]")
+        # a variable without units: no empty brackets
+        fig.colorbar(im, cax=_bar_beside(ax), label=f"{label} [{units}]" if units else label)
     case = sel.attrs.get("case", "")
     if sel.attrs.get("title") == "physjax poisson":
         config = json.loads(sel.attrs.get("configuration", "") or "{}")

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -485,6 +486,25 @@ def test_plot_colour_bars_are_as_tall_as_their_panels(tmp_path, monkeypatch, nx,
     used = fig._suptitle.get_window_extent(renderer).height
     used += max(ax.get_tightbbox(renderer).height for ax in panels)
     assert fig.bbox.height - used < 0.4 * fig.dpi
+
+
+def test_plot_of_a_dimensionless_field_gives_its_power_of_ten_alone(tmp_path, monkeypatch):
+    """The error of a solve (CF units "1", about 1e-3) was keyed "error [10⁻³ 1]", the 1
+    read as a factor; a dimensionless field's bar now says "[10⁻³]" (and "[1]" without a
+    power of ten), other units keep theirs, and a variable without units has no "[]"."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    code, out = _poisson(tmp_path, "--n", "32", "--plot", str(tmp_path / "p.png"))
+    assert code == 0
+    bars = [ax.collections[0].colorbar.ax.get_ylabel() for ax in figures[-1].axes]
+    assert bars[0] == "u [1]" and re.fullmatch(r"error \[\$10\^\{-\d\}\$\]", bars[2])
+    assert bars[1].startswith("residual [$10^{-1") and bars[1].endswith("$ m-2]")
+    with h5py.File(out, "a") as h:
+        del h["u"].attrs["units"]
+    assert main(["plot", str(out), "--output", str(tmp_path / "q.png")]) == 0
+    assert figures[-1].axes[0].collections[0].colorbar.ax.get_ylabel() == "u"
 
 
 def test_plot_of_a_deep_3d_box_gives_its_level_without_an_exponent(tmp_path, monkeypatch):
