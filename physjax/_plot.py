@@ -90,9 +90,11 @@ def _select(ds, shown: str, frame: int | None):
         if n == 0:
             raise ValueError(f"{shown!r} holds no frame to plot")
         if not -n <= frame < n:
+            # one frame: "(0, or -1)", not "(0 to 0, or -1 to -1 from the last)"
+            which = f"0 to {n - 1}, or -1 to -{n} from the last" if n > 1 else "0, or -1"
             raise ValueError(
                 f"--frame {frame} is out of range: {shown!r} has {n} frame"
-                f"{'s' if n != 1 else ''} (0 to {n - 1}, or -1 to -{n} from the last)"
+                f"{'s' if n != 1 else ''} ({which})"
             )
         return ds.isel(time=frame % n)
     if frame is not None:

@@ -258,6 +258,19 @@ def test_plot_subcommand_errors(tmp_path, capsys):
         frames = f["time"].shape[0]
     code, err = _error(capsys, ["plot", str(out), "--frame", "999"])
     assert code == 2 and f"--frame 999 is out of range: {str(out)!r} has {frames} frames" in err
+    assert f"(0 to {frames - 1}, or -1 to -{frames} from the last)" in err
+    # a file of one frame (a run stopped after its initial state) was offered
+    # "(0 to 0, or -1 to -1 from the last)"
+    with h5py.File(out, "a") as f:
+        f.attrs["n_frames"] = 1
+    for frame in ("1", "-2"):
+        code, err = _error(capsys, ["plot", str(out), "--frame", frame])
+        assert code == 2
+        assert err.rstrip().endswith(
+            f"--frame {frame} is out of range: {str(out)!r} has 1 frame (0, or -1)"
+        )
+    assert main(["plot", str(out), "--frame", "-1"]) == 0 and (tmp_path / "a.png").exists()
+    (tmp_path / "a.png").unlink()
     text = tmp_path / "notanhdf5.txt"
     text.write_text("hello\n")
     code, err = _error(capsys, ["plot", str(text)])
