@@ -232,6 +232,16 @@ def plot_panels(
         missing = [n for n in names if n not in sel]
         if missing:
             raise ValueError(f"{os.fspath(path)!r} has no variable(s) {missing}")
+        flat = [
+            f"{n!r} ({', '.join(sel[n].dims) if sel[n].ndim else 'one value'} in a frame)"
+            for n in names
+            if sel[n].ndim not in (2, 3)
+        ]
+        if flat:  # a 1-D or scalar variable failed with "not enough values to unpack"
+            raise ValueError(
+                f"cannot draw {', '.join(flat)} of {os.fspath(path)!r}: a panel shows a "
+                "variable of (y, x) or (z, y, x)"
+            )
         for name in names:
             var = sel[name]
             long_name = var.attrs.get("long_name", name)

@@ -562,6 +562,30 @@ def test_plot_panels_of_centre_and_corner_fields_show_the_same_domain(tmp_path, 
     assert corners[..., 0].max() == pytest.approx(lx + lx / 32 if periodic else lx - lx / 32)
 
 
+def test_plot_of_named_variables_draws_fields_on_the_faces_and_refuses_1d_ones(tmp_path):
+    """Panels of named variables: u on the x faces is drawn on the domain like h; a 1-D or
+    scalar variable (step, grid, a coordinate) stopped with "not enough values to unpack (expected
+    2, got 0)" and is now refused by name."""
+    from physjax._plot import plot_panels
+
+    run = tmp_path / "w.h5"
+    args = ["shallow-water", "--case", "gravity-wave", "--n", "16", "--t-end", "3000", "--quiet"]
+    assert main([*args, "--output", str(run)]) == 0
+    png = tmp_path / "w.png"
+    assert plot_panels(run, png, names=["u", "v", "h"]) == str(png) and png.stat().st_size > 10_000
+    png.unlink()
+    for names, says in (
+        (["step"], "cannot draw 'step' (one value in a frame) of"),
+        (["h", "x"], "cannot draw 'x' (x in a frame) of"),
+    ):
+        with pytest.raises(ValueError) as e:
+            plot_panels(run, png, names=names)
+        assert str(e.value).startswith(says) and "a panel shows a variable of (y, x)" in str(
+            e.value
+        )
+    assert not png.exists()
+
+
 def test_plot_of_a_height_field_with_one_inf_cell_draws_the_others(tmp_path, monkeypatch):
     """One Inf cell in h (a run blowing up) made the mean Inf, so the whole height-anomaly
     panel was NaN and drawn empty, "(no finite value)"; the mean is now of the finite cells,
