@@ -183,25 +183,28 @@ def _bar_beside(ax):
     )
 
 
-def _fit_height(fig, panels) -> None:
-    """Take out of the figure's height what panels of true proportions leave blank.
+def _fit_size(fig, panels) -> None:
+    """Take out of the figure what panels of true proportions leave blank.
 
     A domain wider than its panel's slot is drawn shorter than the slot, leaving blank bands
     above and below it (between the figure's title and the panels' titles, under the x
-    labels). The figure is laid out, and made shorter by the blank its title and the
-    tallest panel with its titles, labels and colour bar leave; the panels keep their
-    width, so their drawn size."""
-    for _ in range(3):  # the layout moves a little with the height: settle it
+    labels); a taller one is drawn narrower, leaving blank columns between the panels. The
+    figure is laid out, and made smaller by the blank its title and the panels with their
+    titles, labels and colour bars leave; the panels keep their drawn size."""
+    for _ in range(3):  # the layout moves a little with the size: settle it
         fig.draw_without_rendering()  # lays the figure out and places the labels
         renderer = fig.canvas.get_renderer()
         width, height = fig.get_size_inches()
-        used = max(ax.get_tightbbox(renderer).height for ax in panels)
-        if fig._suptitle is not None:
-            used += fig._suptitle.get_window_extent(renderer).height
-        blank = height - used / fig.dpi - 0.25  # room for the layout's pads
-        if blank < 0.05:
+        boxes = [ax.get_tightbbox(renderer) for ax in panels]
+        title = fig._suptitle.get_window_extent(renderer) if fig._suptitle else None
+        tall = max(b.height for b in boxes) + (title.height if title else 0)
+        wide = max(sum(b.width for b in boxes), title.width if title else 0)
+        # what is left, less room for the layout's pads
+        blank_h = height - tall / fig.dpi - 0.25
+        blank_w = width - wide / fig.dpi - 0.3 * len(panels)  # and a gap between titles
+        if blank_h < 0.05 and blank_w < 0.05:
             return
-        fig.set_size_inches(width, height - blank)
+        fig.set_size_inches(width - max(blank_w, 0), height - max(blank_h, 0))
 
 
 def plot_panels(
@@ -325,7 +328,7 @@ def plot_panels(
                 when = f"{value:g} {unit}"
             case += f" (frame {config.get('frame')}, t = {when})"
     fig.suptitle(f"physjax {case}{title_time}{_status_text(str(sel.attrs.get('status', '')))}")
-    _fit_height(fig, axes[0])
+    _fit_size(fig, axes[0])
     fig.savefig(os.fspath(output), dpi=110, bbox_inches="tight")
     plt.close(fig)
     return os.fspath(output)

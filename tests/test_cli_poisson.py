@@ -488,6 +488,27 @@ def test_plot_colour_bars_are_as_tall_as_their_panels(tmp_path, monkeypatch, nx,
     assert fig.bbox.height - used < 0.4 * fig.dpi
 
 
+def test_plot_of_a_tall_domain_leaves_no_blank_columns_between_its_panels(tmp_path, monkeypatch):
+    """A domain 3 times taller than wide keeps its true proportions in a narrow panel, each
+    left alone in a third of a 15.6-inch figure, blank columns of 3 inches between them;
+    the figure is now as wide as the panels with their titles, labels and bars need."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    png = str(tmp_path / "p.png")
+    code, _ = _poisson(tmp_path, "--nx", "8", "--ny", "24", "--lx", "0.333", "--plot", png)
+    assert code == 0
+    fig = figures[-1]
+    renderer = fig.canvas.get_renderer()
+    panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+    boxes = [ax.get_tightbbox(renderer) for ax in panels]
+    assert all(ax.get_aspect() == 1 for ax in panels)
+    assert fig.bbox.width - sum(b.width for b in boxes) < 1.2 * fig.dpi
+    for left, right in zip(boxes, boxes[1:]):  # the titles (the widest) do not touch
+        assert left.x1 < right.x0
+
+
 def test_plot_of_a_dimensionless_field_gives_its_power_of_ten_alone(tmp_path, monkeypatch):
     """The error of a solve (CF units "1", about 1e-3) was keyed "error [10⁻³ 1]", the 1
     read as a factor; a dimensionless field's bar now says "[10⁻³]" (and "[1]" without a
