@@ -221,7 +221,7 @@ def test_make_mesh_layouts_and_errors():
         make_mesh((1, 2, 2), ndim=2)
     with pytest.raises(ValueError, match=r"needs 3 positive entries"):
         make_mesh((2, 2), ndim=3)
-    with pytest.raises(ValueError, match="needs 2 positive entries"):
+    with pytest.raises(ValueError, match="needs 2 or 3 positive entries"):
         make_mesh((4,))
     grid3 = Grid((4, 8, 8), (1.0, 1.0, 1.0), dtype="float64")
     with pytest.raises(ValueError, match=r"named like the grid axes .*make_mesh\(n, ndim=3\)"):
@@ -408,6 +408,24 @@ def test_make_mesh_takes_a_0d_array_as_a_count():
     assert dict(make_mesh(np.array(4)).shape) == dict(make_mesh(4).shape) == {"y": 2, "x": 2}
     with pytest.raises(ValueError, match="devices must be a number of devices or a layout"):
         make_mesh(np.array(2.5))
+    # a JAX array like a NumPy one: jnp.array(4) stopped with "iteration over a 0-d array",
+    # jnp.array([1, 4]) was refused as no layout
+    assert dict(make_mesh(jnp.array(4)).shape) == {"y": 2, "x": 2}
+    assert dict(make_mesh(jnp.array([1, 4])).shape) == {"y": 1, "x": 4}
+    with pytest.raises(ValueError, match="devices must be a number of devices or a layout"):
+        make_mesh(jnp.array(2.5))
+
+
+def test_make_mesh_refuses_a_non_integer_ndim_and_names_both_lengths():
+    for bad in (2.0, 3.0, "2", True):  # 2.0 and 3.0 were taken for 2 and 3
+        with pytest.raises(ValueError, match=f"ndim must be 2 or 3, got {bad!r}"):
+            make_mesh(4, ndim=bad)
+    assert dict(make_mesh(4, ndim=np.int64(3)).shape) == {"z": 1, "y": 2, "x": 2}
+    # four entries without ndim: the layout may be 2-D or 3-D (was "needs 2 … (y×x)")
+    with pytest.raises(
+        ValueError, match=r"needs 2 or 3 positive entries, one per grid axis \(y×x or z×y×x\)"
+    ):
+        make_mesh((2, 2, 1, 1))
 
 
 def test_error_if_on_a_mesh_raises_on_every_device_without_gathering():

@@ -51,11 +51,19 @@ def make_mesh(devices: int | Sequence[int] | None = None, ndim: int | None = Non
             f"make_mesh(4, ndim={devices.ndim}) or make_mesh((2, 2)); solvers take the grid "
             "and the mesh separately (mesh=)"
         )
-    if ndim is not None and ndim not in (2, 3):
+    if ndim is not None and (
+        not isinstance(ndim, (int, np.integer))
+        or isinstance(ndim, (bool, np.bool_))
+        or ndim not in (2, 3)
+    ):  # ndim=2.0 was taken for 2
         raise ValueError(f"ndim must be 2 or 3, got {ndim!r}")
     available = jax.devices()
     if devices is None:
         devices = len(available)
+    if isinstance(devices, jax.Array) and is_concrete(devices):
+        # jnp.array(4) stopped with "iteration over a 0-d array", jnp.array([2, 2]) was
+        # refused while np.array([2, 2]) was taken
+        devices = np.asarray(devices)
     if isinstance(devices, np.ndarray) and devices.ndim == 0:  # np.array(4) is a count
         devices = devices[()]
     if isinstance(devices, (int, np.integer)) and not isinstance(devices, bool):
@@ -75,13 +83,18 @@ def make_mesh(devices: int | Sequence[int] | None = None, ndim: int | None = Non
                 f"got {devices!r}"
             )
         layout = tuple(int(d) for d in entries)
+        given_ndim = ndim
         if ndim is None and len(layout) in (2, 3):
             ndim = len(layout)
         ndim = 2 if ndim is None else ndim
         if len(layout) != ndim or any(d < 1 for d in layout):
-            axes = "z×y×x" if ndim == 3 else "y×x"
+            if given_ndim is None and len(layout) not in (2, 3):
+                # (2, 2, 1, 1) was told it needs 2 entries, as if 2-D had been asked for
+                need, axes = "2 or 3", "y×x or z×y×x"
+            else:
+                need, axes = ndim, "z×y×x" if ndim == 3 else "y×x"
             raise ValueError(
-                f"a device layout needs {ndim} positive entries, one per grid axis ({axes}), "
+                f"a device layout needs {need} positive entries, one per grid axis ({axes}), "
                 f"got {devices}"
             )
     n = math.prod(layout)
