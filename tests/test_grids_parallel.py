@@ -453,6 +453,37 @@ def test_error_if_on_a_mesh_raises_on_every_device_without_gathering():
         jax.vmap(halve)(np.stack([x, x + 4])).block_until_ready()
 
 
+@pytest.mark.multidevice
+def test_error_if_on_a_mesh_takes_batches_committed_arrays_and_names_a_wrong_mesh():
+    """error_if laid the grid's spec on the leading axes of a (2, ny, nx) batch (splitting
+    the batch over y), stopped with shard_map's message for (3, ny, nx) or a 1-D array,
+    refused an eager array committed to one device (jax's "incompatible devices"), and
+    met a 2-D mesh for a 3-D grid with KeyError: 'z'."""
+    from physjax.parallel import error_if
+
+    grid = Grid((16, 16), (1.0, 1.0), dtype="float64")
+    mesh = make_mesh((2, 2))
+    batch = np.arange(3 * 256.0).reshape(3, 16, 16)
+    out = error_if(batch, False, "boom", grid, mesh)
+    np.testing.assert_array_equal(np.asarray(out), batch)
+    assert out.sharding.spec == jax.sharding.PartitionSpec(None, "y", "x")
+    with pytest.raises(Exception, match="boom"):
+        error_if(batch, True, "boom", grid, mesh).block_until_ready()
+    np.testing.assert_array_equal(np.asarray(error_if(np.ones(5), False, "boom", grid, mesh)), 1)
+    committed = jax.device_put(batch[0], jax.devices()[1])
+    np.testing.assert_array_equal(
+        np.asarray(error_if(committed, False, "boom", grid, mesh)), batch[0]
+    )
+    with pytest.raises(Exception, match="boom"):
+        error_if(committed, True, "boom", grid, mesh).block_until_ready()
+    grid3 = Grid((4, 16, 16), (1.0, 1.0, 1.0), dtype="float64")
+    with pytest.raises(ValueError, match=r"named like the grid axes .*make_mesh\(n, ndim=3\)"):
+        error_if(np.ones(grid3.shape), False, "boom", grid3, mesh)
+    odd = Grid((6, 16), (1.0, 1.0), dtype="float64")
+    with pytest.raises(ValueError, match="the mesh does not divide the grid: ny=6 cannot be split"):
+        error_if(np.ones(odd.shape), False, "boom", odd, make_mesh((4, 1)))
+
+
 def test_z_stencils_refuse_2d_fields_and_grids():
     """interp_z_c2f of a 2-D field averaged along x (axis -3 wrapped round), and
     diff_z_c2f with a 2-D grid raised a bare IndexError."""

@@ -220,9 +220,11 @@ def shard_map_fields(fn: Callable[..., Any], grid: Grid, mesh: Mesh | None) -> C
 
 def error_if(x: jax.Array, pred, message: str, grid: Grid, mesh: Mesh | None) -> jax.Array:
     """``eqx.error_if(x, pred, message)`` for a field ``x`` of ``grid`` (leading batch axes
-    allowed under ``vmap``), safe on a mesh: with several devices it runs inside
+    allowed, under ``vmap`` or not), safe on a mesh: with several devices it runs inside
     ``shard_map`` on each device's block with the replicated predicate, so that every device
-    raises at the same point. A 0-d ``x`` (a scalar parameter) is checked replicated.
+    raises at the same point. An ``x`` that is not field-shaped (a scalar parameter) is
+    checked replicated. Called eagerly, ``x`` and ``pred`` are first placed on the mesh
+    ([`place_on_mesh`][physjax.parallel.place_on_mesh]).
 
     Applied to a sharded field directly, equinox's callback runs on device 0 alone: XLA
     gathers the whole field there on every call, and when the error fires the other devices
@@ -230,7 +232,15 @@ def error_if(x: jax.Array, pred, message: str, grid: Grid, mesh: Mesh | None) ->
     """
     if mesh is None or mesh.size == 1:
         return eqx.error_if(x, pred, message)
-    spec = field_spec(grid, mesh) if np.ndim(x) else PartitionSpec()
+    # a 2-D mesh for a 3-D grid stopped with KeyError: 'z', a grid the mesh does not divide
+    # with shard_map's message about axis sizes
+    decompose(grid, mesh)
+    # called eagerly, an array committed to one device was refused by jax's device check
+    x, pred = place_on_mesh((x, pred), grid, mesh)
+    # split like the grid with its leading axes whole, as shard does: the grid's spec was
+    # laid on the leading axes of (2, ny, nx), which were split, and (3, ny, nx) or a
+    # non-field array stopped with shard_map's message
+    spec = _specs(x, grid, mesh)
     return jax.shard_map(
         lambda block, p: eqx.error_if(block, p, message),
         mesh=mesh,
