@@ -313,7 +313,9 @@ class PoissonSolver(eqx.Module):
                     if grid.shape[a] % p:
                         raise ValueError(
                             f"the spectral method on {p} devices needs n{grid.axis_names[a]} "
-                            f"divisible by {p} (slab transposes), got grid.shape={grid.shape}"
+                            f"divisible by {p} (slab transposes), got grid.shape={grid.shape}; "
+                            f"use method='multigrid' or 'cg', which take any grid the layout "
+                            f"divides, or fewer devices"
                         )
         self.levels = None
         self.coarse_inverse = None
