@@ -237,26 +237,25 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
     names and values of its dimension coordinates and its ``units``. With ``strict``, a
     ``frame`` given for a variable without a time dimension is an error.
 
-    A running physjax writer that finds the file open here goes on without HDF5's lock and
-    may extend the file while it is read ("addr overflow"): the read is then started again,
-    for up to ``_LOCK_WAIT`` seconds."""
-    deadline = time.monotonic() + _LOCK_WAIT
-    while True:
+    A running physjax writer locks the file while it appends a frame, and one that finds the
+    file open here goes on without the lock and may extend it while it is read ("truncated
+    file", "addr overflow"): the read is then started again, for a few seconds
+    ([`physjax.io.read_retrying`][])."""
+    from .io import read_retrying
+
+    def read():
         try:
             return _read_field(spec, frame, option, strict)
-        except OSError as e:  # the open's own errors are ValueErrors: this is the read
-            if time.monotonic() < deadline:
-                time.sleep(0.1)
-                continue
-            path = spec.rsplit(":", 1)[0]
-            raise ValueError(
-                f"--{option}: reading {spec} failed for {_LOCK_WAIT:g} s ({e}); if a run is "
-                f"writing {path!r}, try again once it has finished"
-            ) from None
+        except (OSError, RuntimeError) as e:  # HDF5's, reading the variable
+            raise ValueError(f"--{option}: cannot read {spec}: {e}") from None
+
+    return read_retrying(spec.rsplit(":", 1)[0], read, prefix=f"--{option}: ")
 
 
 def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict[str, Any]:
     import h5py
+
+    from .io._reading import transient_error
 
     path, name = spec.rsplit(":", 1)
     if not os.path.exists(path):
@@ -265,7 +264,12 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
         raise ValueError(f"--{option}: {path!r} is not a regular file (a folder, device or pipe)")
     fh = _open_for_reading(path, option)
     with fh:
-        ds = fh.get(name.lstrip("/"))
+        try:
+            ds = fh[name.lstrip("/")]
+        except KeyError as e:  # no such name; not an object header a writer is rewriting
+            if transient_error(e):
+                raise
+            ds = None
         if not isinstance(ds, h5py.Dataset):
             have = []  # in groups too, named as --rhs takes them (grp/f)
             fh.visititems(
@@ -387,51 +391,27 @@ def _is_time(label: str | None, attrs: dict) -> bool:
     )
 
 
-#: Seconds a file locked by another process (a run writing it) is waited for.
-_LOCK_WAIT = 5.0
-
-
 def _open_for_reading(path: str, option: str):
-    """``h5py.File(path, "r")``, retried for a few seconds while another process holds the
-    file's lock (a physjax run writing it takes it for each frame) or is extending it; a
-    netCDF-3 file named as such."""
+    """``h5py.File(path, "r")``; a netCDF-3 file named as such. An error that a writer
+    holding or extending the file causes passes in a moment, and its text stays in the
+    ``ValueError`` raised here for [`physjax.io.read_retrying`][] to see."""
     import h5py
 
-    deadline = time.monotonic() + _LOCK_WAIT
-    while True:
+    try:
+        return h5py.File(path, "r")
+    except OSError as e:
         try:
-            return h5py.File(path, "r")
-        except OSError as e:
-            locked = "unable to lock file" in str(e) or getattr(e, "errno", None) == 11
-            # a writer that went on without the lock (it found the file open here) may be
-            # extending it: its end is not yet where the superblock says
-            growing = "truncated file" in str(e)
-            if (locked or growing) and time.monotonic() < deadline:
-                time.sleep(0.1)
-                continue
-            if locked:
-                folder, name = os.path.split(path)
-                writer = os.path.exists(os.path.join(folder, f".{name}.lock"))
-                raise ValueError(
-                    f"--{option}: {path!r} is locked by another process"
-                    + (" (a physjax run writing it)" if writer else "")
-                    + f" and stayed so for {_LOCK_WAIT:g} s; try again (a run releases it "
-                    "between frames) or once the run has finished"
-                ) from None
-            try:
-                with open(path, "rb") as fh:
-                    head = fh.read(4)
-            except OSError:
-                head = b""
-            if head in (b"CDF\x01", b"CDF\x02", b"CDF\x05"):
-                raise ValueError(
-                    f"--{option}: {path!r} is a netCDF-3 (classic) file; physjax reads "
-                    f"NetCDF4/HDF5: convert it, e.g. nccopy -k nc4 {path} out.nc, or with "
-                    f"xarray: xr.open_dataset({path!r}).to_netcdf('out.nc', engine='h5netcdf')"
-                ) from None
+            with open(path, "rb") as fh:
+                head = fh.read(4)
+        except OSError:
+            head = b""
+        if head in (b"CDF\x01", b"CDF\x02", b"CDF\x05"):
             raise ValueError(
-                f"--{option}: cannot read {path!r} as a NetCDF4/HDF5 file: {e}"
+                f"--{option}: {path!r} is a netCDF-3 (classic) file; physjax reads "
+                f"NetCDF4/HDF5: convert it, e.g. nccopy -k nc4 {path} out.nc, or with "
+                f"xarray: xr.open_dataset({path!r}).to_netcdf('out.nc', engine='h5netcdf')"
             ) from None
+        raise ValueError(f"--{option}: cannot read {path!r} as a NetCDF4/HDF5 file: {e}") from None
 
 
 def _axis_of(dim: str | None) -> str | None:

@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import numpy as np
-
-#: Attempts at opening a file that a running writer locks for a moment (0.1 s apart).
-_OPEN_TRIES = 30
 
 
 def _axes(ds, dims):
@@ -53,33 +49,34 @@ def _on_the_domain(var, ds):
 def _read_frame(path: str | os.PathLike, frame: int | None):
     """One frame (default: the last; the whole file without a time axis) read into memory.
 
-    A running writer locks the file for a moment while it appends a frame, and an open or a
-    read that meets a frame half-appended fails: these are tried again (0.1 s apart), and a
-    read that keeps failing raises ``ValueError`` naming the file."""
+    A running writer locks the file for a moment while it appends a frame, and a reader
+    that meets the file as it grows (a writer that went on without the lock) fails to open
+    or to read it: the whole read is then tried again, for a few seconds
+    ([`physjax.io.read_retrying`][]), and a failure that lasts raises ``ValueError`` naming
+    the file."""
     import xarray as xr
 
+    from .io import read_retrying
+    from .io._reading import error_text
+
     shown = os.fspath(path)
-    for attempt in range(_OPEN_TRIES):
-        again = attempt + 1 < _OPEN_TRIES
+
+    def read():
         try:
             opened = xr.open_dataset(shown, engine="h5netcdf")
-        except (OSError, ValueError) as e:
-            # locked for a moment, or seen in the middle of an append: try again
-            if again and any(w in str(e).lower() for w in ("lock", "truncated")):
-                time.sleep(0.1)
-                continue
-            raise ValueError(f"cannot read {shown!r} as a NetCDF4/HDF5 file: {e}") from None
+        except (OSError, ValueError, KeyError, RuntimeError) as e:
+            # read_retrying tries again where the error behind this one passes in a moment
+            raise ValueError(
+                f"cannot read {shown!r} as a NetCDF4/HDF5 file: {error_text(e)}"
+            ) from None
         with opened as ds:
+            sel = _select(ds, shown, frame)
             try:
-                return _select(ds, shown, frame).load()
-            except OSError as e:  # a frame being appended as it was read
-                if again:
-                    time.sleep(0.1)
-                    continue
-                raise ValueError(
-                    f"cannot read {shown!r}: {e} (is a run still writing it? try again)"
-                ) from None
-    raise AssertionError("unreachable")
+                return sel.load()
+            except (OSError, KeyError, RuntimeError) as e:  # not a picture that failed
+                raise ValueError(f"cannot read {shown!r}: {error_text(e)}") from None
+
+    return read_retrying(shown, read)
 
 
 def _select(ds, shown: str, frame: int | None):

@@ -1240,19 +1240,10 @@ def _cmd_plot(args) -> int:
         raise ValueError(f"file {args.file!r} does not exist")
     if not os.path.isfile(args.file):
         raise ValueError(f"{args.file!r} is not a regular file (a device or pipe)")
-    import time
+    from .io import read_attrs, read_retrying
 
-    from . import _plot
-    from .io import read_attrs
-
-    for attempt in range(_plot._OPEN_TRIES):  # a running writer locks it for a moment
-        try:
-            attrs = read_attrs(args.file)
-            break
-        except BlockingIOError as e:
-            if attempt + 1 == _plot._OPEN_TRIES:
-                raise ValueError(f"{e.strerror} (is a run stuck while writing it?)") from None
-            time.sleep(0.1)
+    # a running writer locks the file for a moment, or extends it under the reader
+    attrs = read_retrying(args.file, lambda: read_attrs(args.file))
     if "physjax_version" not in attrs:  # its axes and units would be guesses
         raise ValueError(
             f"{args.file!r} was not written by physjax: `physjax plot` draws physjax output "

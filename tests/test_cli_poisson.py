@@ -573,13 +573,13 @@ def test_plot_waits_out_a_real_writer_lock(tmp_path, monkeypatch, capsys):
     """`physjax plot` of a running file that met a frame being appended stopped with a
     traceback (BlockingIOError from the check that physjax wrote the file, before the
     retried read); it now tries again, and a lock that stays names the file (exit 2)."""
-    import physjax._plot
+    from physjax.io import _reading
 
     out = tmp_path / "p.h5"
     assert main(["poisson", "--n", "16", "--output", str(out), "--quiet"]) == 0
     hold = "import h5py, sys, time; f = h5py.File(sys.argv[1], 'a'); print(1, flush=True); "
-    for seconds, tries, code in (("0.5", 30, 0), ("5", 2, 2)):
-        monkeypatch.setattr(physjax._plot, "_OPEN_TRIES", tries)
+    for seconds, wait, code in (("0.5", 5.0, 0), ("5", 0.2, 2)):
+        monkeypatch.setattr(_reading, "READ_WAIT", wait)
         writer = subprocess.Popen(
             [sys.executable, "-c", hold + f"time.sleep({seconds})", str(out)],
             stdout=subprocess.PIPE,
@@ -590,7 +590,8 @@ def test_plot_waits_out_a_real_writer_lock(tmp_path, monkeypatch, capsys):
         finally:
             writer.kill()
             writer.wait()
-    assert f"{str(out)!r} is locked by a process writing it" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"{str(out)!r} is locked by another process and stayed so for 0.2 s" in err, err
 
 
 @pytest.fixture
@@ -1099,7 +1100,7 @@ def test_a_coefficient_on_another_grid_is_refused_and_units_follow_it(tmp_path, 
 def test_a_file_locked_by_a_writer_is_waited_for(tmp_path, capsys, monkeypatch):
     """A run writing its file holds HDF5's lock for each frame: --rhs waits for it (it used
     to fail at once with a raw 'unable to lock file' error), and says so if it lasts."""
-    import physjax._cli_poisson as cli_poisson
+    from physjax.io import _reading
 
     src = tmp_path / "in.h5"
     _write_rhs(src, np.random.default_rng(4).normal(size=(8, 8)), 1.0, 1.0)
@@ -1117,7 +1118,7 @@ def test_a_file_locked_by_a_writer_is_waited_for(tmp_path, capsys, monkeypatch):
     code, _ = _poisson(tmp_path, "--rhs", f"{src}:forcing", "--bc", "periodic")
     holder.wait()
     assert code == 0, capsys.readouterr().err
-    monkeypatch.setattr(cli_poisson, "_LOCK_WAIT", 0.3)
+    monkeypatch.setattr(_reading, "READ_WAIT", 0.3)
     holder = hold(5.0)
     try:
         code, _ = _poisson(tmp_path, "--rhs", f"{src}:forcing", "--bc", "periodic", name="q.h5")
@@ -1133,7 +1134,7 @@ def test_a_file_a_running_writer_extends_is_read_again(tmp_path, capsys, monkeyp
     while reading (a traceback, exit status 1) or 'truncated file' on opening (refused as
     not NetCDF4/HDF5), in about 1 of 3 tries at a run saving every two steps. Both are
     tried again; a read that keeps failing is named."""
-    import physjax._cli_poisson as cli_poisson
+    from physjax.io import _reading
 
     src = tmp_path / "in.h5"
     f = np.random.default_rng(6).normal(size=(8, 8))
@@ -1160,11 +1161,12 @@ def test_a_file_a_running_writer_extends_is_read_again(tmp_path, capsys, monkeyp
     assert failures == {"open": 0, "read": 0}
     with xr.open_dataset(out) as ds:
         np.testing.assert_allclose(ds["f"].values, f - f.mean(), rtol=0, atol=1e-15)
-    monkeypatch.setattr(cli_poisson, "_LOCK_WAIT", 0.3)
+    monkeypatch.setattr(_reading, "READ_WAIT", 0.3)
     failures["read"] = 10**6
     code, out = _poisson(tmp_path, "--rhs", f"{src}:forcing", "--bc", "periodic", name="q.h5")
     err = capsys.readouterr().err
-    assert code == 2 and f"--rhs: reading {src}:forcing failed for 0.3 s (Can't" in err, err
+    assert code == 2 and f"--rhs: cannot read {str(src)!r}: Can't synchronously read" in err, err
+    assert "still so after trying for 0.3 s" in err
     assert not out.exists()
 
 

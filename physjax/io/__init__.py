@@ -36,3 +36,6 @@ from ._netcdf import (
 from ._netcdf import (
     read_frame as read_frame,
 )
+from ._reading import (
+    read_retrying as read_retrying,
+)
