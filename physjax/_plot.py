@@ -204,6 +204,17 @@ def _fit_size(fig, panels) -> None:
         fig.set_size_inches(width - max(blank_w, 0), height - max(blank_h, 0))
 
 
+def _drawable(sel) -> list[str]:
+    """The data variables of a frame that a panel can show: fields of (y, x) or (z, y, x),
+    at cell centres or on faces (``x_f``…)."""
+    names = []
+    for name, var in sel.data_vars.items():
+        axes = [str(d)[:-2] if str(d).endswith("_f") else str(d) for d in var.dims]
+        if axes in (["y", "x"], ["z", "y", "x"]):
+            names.append(str(name))
+    return names
+
+
 def plot_panels(
     path: str | os.PathLike,
     output: str | os.PathLike,
@@ -214,8 +225,11 @@ def plot_panels(
     returns ``output``. A file without a time axis (a Poisson solve) has no frames to pick.
 
     Shallow-water files show the height anomaly ``h + b − mean`` [m] and the relative
-    vorticity ζ [s⁻¹]; other files show the variables ``names`` (default: up to three of
-    their data variables). A 3-D field is shown by its middle z level.
+    vorticity ζ [s⁻¹], Poisson files the solution, residual and error (or f); ``names``
+    (``physjax plot --vars``) picks the variables instead, each a field of (y, x) or
+    (z, y, x) (a name the file lacks, or one of other dimensions, is refused with the
+    names it can draw). Other files show up to three of their data variables. A 3-D field
+    is shown by its middle z level.
     """
     import matplotlib
 
@@ -229,18 +243,26 @@ def plot_panels(
         names = ["u", "residual", "error" if "error" in sel else "f"]
         names = [n for n in names if n in sel] or None
     if names is not None:
+        drawable = _drawable(sel)
+        can = (
+            f"variables it can draw: {', '.join(drawable)}"
+            if drawable
+            else "it has no variable of (y, x) to draw"
+        )
         missing = [n for n in names if n not in sel]
         if missing:
-            raise ValueError(f"{os.fspath(path)!r} has no variable(s) {missing}")
+            raise ValueError(
+                f"{os.fspath(path)!r} has no variable {', '.join(repr(n) for n in missing)}; {can}"
+            )
         flat = [
             f"{n!r} ({', '.join(sel[n].dims) if sel[n].ndim else 'one value'} in a frame)"
             for n in names
-            if sel[n].ndim not in (2, 3)
+            if n not in drawable
         ]
         if flat:  # a 1-D or scalar variable failed with "not enough values to unpack"
             raise ValueError(
                 f"cannot draw {', '.join(flat)} of {os.fspath(path)!r}: a panel shows a "
-                "variable of (y, x) or (z, y, x)"
+                f"variable of (y, x) or (z, y, x); {can}"
             )
         for name in names:
             var = sel[name]

@@ -1249,9 +1249,19 @@ def _cmd_plot(args) -> int:
             f"{args.file!r} was not written by physjax: `physjax plot` draws physjax output "
             "files (xarray's .plot() draws any NetCDF variable)"
         )
+    names = None
+    if args.vars is not None:
+        names = [n.strip() for n in args.vars.split(",")]
+        if not all(names):
+            raise ValueError(
+                f"--vars takes variable names separated by commas, e.g. h,zeta, got {args.vars!r}"
+            )
+        doubled = sorted({n for n in names if names.count(n) > 1})
+        if doubled:
+            raise ValueError(f"--vars names {', '.join(map(repr, doubled))} more than once")
     out = args.output or os.path.splitext(args.file)[0] + ".png"
     _check_plot_path(out, "--output" if args.output else "the default output", args.file, "input")
-    _write_plot(args.file, out, "--output", frame=args.frame)
+    _write_plot(args.file, out, "--output", frame=args.frame, names=names)
     print(f"wrote {out}")
     return 0
 
@@ -1317,6 +1327,12 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("file", help="a physjax .h5 file")
     pl.add_argument("--output", help="PNG to write (default: next to the file)")
     pl.add_argument("--frame", type=int, default=None, help="frame index (default: last)")
+    pl.add_argument(
+        "--vars",
+        metavar="NAME[,NAME...]",
+        help="variables to draw, one panel each, e.g. h,u,v (default: height anomaly and "
+        "vorticity of a shallow-water run; u, residual and error or f of a Poisson solve)",
+    )
     pl.set_defaults(func=_cmd_plot)
     parser.commands = dict(sub.choices)
     return parser

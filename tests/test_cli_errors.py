@@ -797,3 +797,58 @@ def test_param_takes_the_numbers_that_dt_takes():
     assert _parse_param("coriolis=-1.e-4") == ("coriolis", -1e-4)
     assert _parse_param("mode_x=3") == ("mode_x", 3)  # TOML's integer stays one
     assert _parse_param("boundary=no-slip") == ("boundary", "no-slip")
+
+
+def test_plot_vars_draws_the_variables_named(tmp_path, capsys, monkeypatch):
+    """`physjax plot --vars` picks the panels (plot_panels' names, which the command had no
+    way to give): one per name, in the order given, of a run and of a Poisson solve."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    run, solve = tmp_path / "w.h5", tmp_path / "p.h5"
+    assert main(["shallow-water", *FAST, "--output", str(run)]) == 0
+    assert main(["poisson", "--n", "16", "--quiet", "--output", str(solve)]) == 0
+    for path, given, drawn in (
+        (run, "h,u,v", ["h", "u", "v"]),
+        (run, " zeta , h", ["zeta", "h"]),  # spaces around the names, as --bc takes them
+        (run, "bottom", ["bottom"]),
+        (solve, "f,u_exact", ["f", "u_exact"]),
+    ):
+        png = tmp_path / "v.png"
+        code, err = _error(capsys, ["plot", str(path), "--vars", given, "--output", str(png)])
+        assert code == 0, err
+        panels = [ax for ax in figures[-1].axes if ax.get_label() != "<colorbar>"]
+        assert [ax.get_title().split(":")[0] for ax in panels] == drawn
+        assert png.read_bytes()[:4] == b"\x89PNG"
+        png.unlink()
+    # without --vars: the height anomaly and vorticity, as before
+    assert main(["plot", str(run), "--output", str(tmp_path / "d.png")]) == 0
+    titles = [ax.get_title() for ax in figures[-1].axes if ax.get_label() != "<colorbar>"]
+    assert titles == ["height anomaly", "relative vorticity"]
+
+
+def test_plot_vars_refuses_what_it_cannot_draw_and_lists_what_it_can(tmp_path, capsys):
+    """A name the file lacks, or a variable that is not a field of (y, x) (step, grid, a
+    coordinate), is refused (exit 2) with the names --vars can take; so is a list with an
+    empty or a doubled name. Nothing is written."""
+    run = tmp_path / "w.h5"
+    assert main(["shallow-water", *FAST, "--output", str(run)]) == 0
+    capsys.readouterr()
+    can = "variables it can draw: h, u, v, zeta, bottom"
+    png = tmp_path / "v.png"
+    for given, says in (
+        ("hh,u", f"{str(run)!r} has no variable 'hh'; {can}"),
+        ("eta,zeta,vort", f"{str(run)!r} has no variable 'eta', 'vort'; {can}"),
+        ("step", f"cannot draw 'step' (one value in a frame) of {str(run)!r}"),
+        ("h,grid", "cannot draw 'grid' (one value in a frame)"),
+        ("x_f", "cannot draw 'x_f' (x_f in a frame)"),
+        ("", "--vars takes variable names separated by commas, e.g. h,zeta, got ''"),
+        ("h,,u", "--vars takes variable names separated by commas, e.g. h,zeta, got 'h,,u'"),
+        ("h,zeta,h", "--vars names 'h' more than once"),
+    ):
+        code, err = _error(capsys, ["plot", str(run), "--vars", given, "--output", str(png)])
+        assert code == 2 and err.count("\n") == 1 and says in err, err
+        if "cannot draw" in says:
+            assert err.rstrip().endswith(f"a panel shows a variable of (y, x) or (z, y, x); {can}")
+    assert not png.exists()
