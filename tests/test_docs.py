@@ -75,6 +75,12 @@ def test_example_runs(page, code, tmp_path):
             tmp_path,
         )
         assert made.returncode == 0, made.stderr[-2000:]
+    if "# 10 frames: sol.ts" in code:  # shallow_water.md: what model.run returns
+        code += (
+            "\nimport numpy\n"
+            "assert sol.states.h.shape == (10, 128, 256), sol.states.h.shape\n"
+            "assert numpy.allclose(sol.ts, dt * 100 * numpy.arange(1, 11), rtol=1e-6), sol.ts\n"
+        )
     done = _run(code, tmp_path)
     assert done.returncode == 0, f"{page.name} example failed:\n{code}\n{done.stderr[-3000:]}"
     if page.name == "README.md":
