@@ -365,6 +365,16 @@ def test_automatic_strip_rows():
         assert auto(Grid((1031, 1024), (1.0, 1.0), dtype="float64"), cache) == 128
         m = auto(Grid((1536, 1024), (1.0, 1.0), dtype="float64"), cache)
         assert m and 1536 % m == 0 and m <= 128
+    # where blocking starts (docs/shallow_water.md): 13 fields over the cache, or 4 MiB fields
+    for n, dtype, cache in [
+        (576, "float64", 32 * 2**20),
+        (808, "float32", 32 * 2**20),
+        (1744, "float64", 300 * 2**20),
+        (2464, "float32", 300 * 2**20),
+        (725, "float64", None),
+        (1024, "float32", None),
+    ]:
+        assert auto(grid(n - 8, dtype), cache) == 0 and auto(grid(n, dtype), cache) > 0
     # 300 MiB of L3: the plain step's 13 fields fit up to 1024² float64 and 2048² float32
     big = 300 * 2**20
     assert auto(grid(1024, "float64"), big) == 0
