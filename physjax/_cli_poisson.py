@@ -364,6 +364,11 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
     return _in_grid_order(field, option)
 
 
+def _iterations(k: int) -> str:
+    """``"1 iteration"``, ``"2 iterations"``."""
+    return f"{k} iteration{'' if k == 1 else 's'}"
+
+
 def _text(value) -> Any:
     """An HDF5 attribute as Python text when it is text."""
     if isinstance(value, bytes):
@@ -998,7 +1003,7 @@ def _run(args, held: contextlib.ExitStack) -> int:
             writer.finish(**summary)
         else:
             writer.finish(
-                status=f"failed: not converged after {iterations} iterations (relative "
+                status=f"failed: not converged after {_iterations(iterations)} (relative "
                 f"residual {rel_residual:.2e} > rtol {solver.rtol:.0e})",
                 **summary,
             )
@@ -1010,7 +1015,7 @@ def _run(args, held: contextlib.ExitStack) -> int:
         _write_plot(output, s["plot"])  # u, residual, and the error or f (as `physjax plot`)
     what = f"poisson {method}: "
     if method != "spectral":
-        what += f"{iterations} iteration{'s' if iterations != 1 else ''}, "
+        what += f"{_iterations(iterations)}, "
     what += f"relative residual {rel_residual:.2e}"
     if errors:
         what += f", max error vs exact {errors['error_max']:.2e}"
@@ -1020,7 +1025,7 @@ def _run(args, held: contextlib.ExitStack) -> int:
     where = f"{output}" + (f" and {s['plot']}" if s.get("plot") else "")
     if not converged:
         print(
-            f"physjax poisson: {method} did not converge in {iterations} iterations (relative "
+            f"physjax poisson: {method} did not converge in {_iterations(iterations)} (relative "
             f"residual {rel_residual:.2e} > rtol {solver.rtol:.0e}); wrote {where}, marked failed",
             file=sys.stderr,
         )
