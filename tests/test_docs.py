@@ -81,6 +81,18 @@ def test_example_runs(page, code, tmp_path):
             "assert sol.states.h.shape == (10, 128, 256), sol.states.h.shape\n"
             "assert numpy.allclose(sol.ts, dt * 100 * numpy.arange(1, 11), rtol=1e-6), sol.ts\n"
         )
+    if "# PoissonSolution(u, residual_norm, iterations, converged)" in code:  # poisson.md
+        code += (
+            "\nimport dataclasses\n"
+            "names = [f.name for f in dataclasses.fields(sol)]\n"
+            "assert names == ['u', 'residual_norm', 'iterations', 'converged'], names\n"
+            "assert sol.u.shape == grid.shape and bool(sol.converged)\n"
+        )
+    if "lap = pg.laplacian(" in code and "# (4096,)" in code:  # gradients.md's loss
+        code += (
+            "\nassert pg.laplacian(u, spatial=(0, 1), batched=True)(points).shape == (4096,)\n"
+            "assert jax.tree.structure(grads) == jax.tree.structure(u)\n"
+        )
     done = _run(code, tmp_path)
     assert done.returncode == 0, f"{page.name} example failed:\n{code}\n{done.stderr[-3000:]}"
     if page.name == "README.md":
