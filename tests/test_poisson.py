@@ -312,6 +312,42 @@ def test_multi_device_equals_one_device(shape, layout, bc, periodic):
 
 
 @pytest.mark.multidevice
+def test_auto_on_a_mesh_the_spectral_method_cannot_split_picks_cg():
+    """method='auto' with a mesh whose device count does not divide the first or last grid
+    size (the spectral slab transposes' condition) picked spectral and was refused, naming
+    multigrid/cg as the way out: it now picks cg, in solve and in PoissonSolver, 2-D and
+    3-D, and keeps spectral where the mesh allows it."""
+    rng = np.random.default_rng(11)
+    cases = [
+        ((8, 10), (2, 2), "periodic", True, "cg"),  # nx = 10: not divisible by 4
+        ((18, 16), (2, 2), "dirichlet", False, "cg"),  # ny = 18
+        ((8, 16, 18), (1, 2, 2), ("neumann", "periodic", "dirichlet"), (False, True, False), "cg"),
+        ((8, 8, 8), (1, 2, 2), "neumann", False, "spectral"),  # 8 = 2·4: spectral splits it
+    ]
+    for shape, layout, bc, periodic, picked in cases:
+        grid = _grid(shape, periodic)
+        mesh = make_mesh(layout, len(shape))
+        f = rng.normal(size=shape)
+        ref = solve(f, grid, bc, compatibility="project", rtol=1e-12)  # one device: spectral
+        solver = PoissonSolver(grid, bc, mesh=mesh, compatibility="project", rtol=1e-12)
+        assert solver.method == picked, shape
+        assert _rel(solver(f), ref) <= 1e-10, shape
+        got = solve(f, grid, bc, mesh=mesh, compatibility="project", rtol=1e-12)
+        assert _rel(got, ref) <= 1e-10, shape
+        assert len(got.sharding.device_set) == 4
+    # asked for by name, spectral is still refused with the way out
+    with pytest.raises(ValueError, match=r"spectral method on 4 devices needs nx .*'cg'"):
+        PoissonSolver(_grid((8, 10), True), "periodic", "spectral", mesh=make_mesh((2, 2), 2))
+    # neither: the message says why for both
+    with pytest.raises(
+        ValueError,
+        match=r"method='auto' found no method .* needs ny divisible by 4 .* multigrid cannot "
+        r"coarsen .* use fewer devices",
+    ):
+        PoissonSolver(_grid((97, 100), False), "dirichlet", mesh=make_mesh((1, 4), 2))
+
+
+@pytest.mark.multidevice
 def test_arrays_committed_to_one_device_solve_on_a_mesh():
     """f and wall values put on single devices (``jax.device_put``) are placed on the
     solver's mesh, not refused by jit's device check; under vmap nothing changes."""
@@ -635,7 +671,7 @@ def test_bad_input_errors():
     with pytest.raises(
         ValueError, match=r"spectral method on 4 devices needs nx divisible by 4 .*'multigrid'"
     ):
-        PoissonSolver(_grid((8, 10), True), "periodic", mesh=make_mesh((2, 2), 2))
+        PoissonSolver(_grid((8, 10), True), "periodic", "spectral", mesh=make_mesh((2, 2), 2))
     with pytest.raises(ValueError, match="boundary_values given for axis x, which is periodic"):
         solve(np.zeros((16, 16)), grid, boundary_values={"x": (1.0, 0.0)})
     with pytest.raises(ValueError, match="f must be real"):

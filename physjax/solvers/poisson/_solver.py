@@ -83,7 +83,9 @@ class PoissonSolver(eqx.Module):
       be periodic. Default: periodic axes periodic, walled axes Dirichlet.
     - `method`: ``"spectral"`` (exact, constant coefficient only), ``"multigrid"``
       (stand-alone cycles), ``"cg"`` (conjugate gradients preconditioned by one multigrid
-      cycle) or ``"auto"`` (default: spectral, or cg when a coefficient is given).
+      cycle) or ``"auto"`` (default: spectral, or cg when a coefficient or a shift field
+      is given, or when ``mesh`` cannot split the grid for the spectral method — its slab
+      transposes need the first and last grid sizes divisible by the number of devices).
     - `coefficient`: cell-centred ``a > 0`` of the grid's shape, or one number (possibly
       traced) for every cell (multigrid and cg only).
     - `shift`: ``c > 0`` of the Helmholtz (screened Poisson) term: solve
@@ -178,9 +180,19 @@ class PoissonSolver(eqx.Module):
             )
         require_enabled_dtype(grid)
         self.bc = normalise_bc(bc, grid)
+        # what keeps the spectral method off this mesh, if anything
+        spectral_refusal = _spectral_mesh_refusal(grid, mesh)
+        auto_off_spectral = None  # why "auto" did not take spectral on this mesh
         if method == "auto":
             field_shift = shift is not None and np.ndim(shift) > 0
-            method = "spectral" if coefficient is None and not field_shift else "cg"
+            if coefficient is not None or field_shift:
+                method = "cg"
+            elif spectral_refusal is not None:
+                # the slab transposes cannot split this grid over the mesh: the iterative
+                # solve takes any grid the layout divides
+                method, auto_off_spectral = "cg", spectral_refusal
+            else:
+                method = "spectral"
         if method not in METHODS:
             raise ValueError(f"method must be one of {METHODS} or 'auto', got {method!r}")
         if compatibility not in ("check", "project"):
@@ -307,79 +319,86 @@ class PoissonSolver(eqx.Module):
         local = _internal_grid(grid)
         if mesh is not None and mesh.size > 1:
             local = decompose(local, mesh)
-            if method == "spectral":
-                p = mesh.size
-                for a in (0, grid.ndim - 1):
-                    if grid.shape[a] % p:
-                        raise ValueError(
-                            f"the spectral method on {p} devices needs n{grid.axis_names[a]} "
-                            f"divisible by {p} (slab transposes), got grid.shape={grid.shape}; "
-                            f"use method='multigrid' or 'cg', which take any grid the layout "
-                            f"divides, or fewer devices"
-                        )
+            if method == "spectral" and spectral_refusal is not None:
+                raise ValueError(
+                    f"{spectral_refusal}; use method='multigrid' or 'cg', which take any "
+                    f"grid the layout divides, or fewer devices"
+                )
         self.levels = None
         self.coarse_inverse = None
         self.coarse_shift = None
         if method != "spectral":
-            levels = mg.build_hierarchy(local, max_coarse)
-            spacing = grid.spacing
-            stop, line = (None, None) if levels else mg.coarsening_stop(local, max_coarse)
-            if levels is None and line is not None:
-                names = grid.axis_names
-                odd = [
-                    f"n{names[a]}={n}"
-                    for a, n in enumerate(stop.shape)
-                    if a != line and (n % 2 or n < 4)
-                ]
+            try:
+                self._prepare_hierarchy(local, grid, coefficient, max_coarse)
+            except ValueError as err:
+                if auto_off_spectral is None:
+                    raise
                 raise ValueError(
-                    f"multigrid cannot coarsen grid.shape={grid.shape}: it relaxes lines along "
-                    f"{names[line]} (a thin axis) and halves the other axes, which reach "
-                    f"{', '.join(odd) or 'sizes that cannot be halved'} at a level of shape "
-                    f"{stop.shape} with more than max_coarse={max_coarse} cells; use sizes "
-                    f"c·2^k with a small c (e.g. 96, 128, 160) along the other axes, or "
-                    f"method='spectral' (constant coefficient)"
-                )
-            if levels is None and max(spacing) >= mg.ANISOTROPY_FACTOR * min(spacing):
-                raise ValueError(
-                    f"multigrid cannot coarsen grid.shape={grid.shape} with spacings "
-                    f"{tuple(float(f'{h:.3g}') for h in spacing)}: on an anisotropic grid only "
-                    f"the finely spaced axes are halved (semi-coarsening), and those run out of "
-                    f"cells before a level has ≤ max_coarse={max_coarse} cells; line "
-                    f"relaxation takes over only along a single finest axis that has walls "
-                    f"(not periodic) and is not split across devices, with every other axis "
-                    f"≥ {mg.ANISOTROPY_FACTOR:g}× coarser, or along the one axis that stops the "
-                    f"halving when it has walls; use method='spectral' (constant "
-                    f"coefficient), or more cells along the finely spaced axes"
-                )
-            if levels is None:
-                names = grid.axis_names
-                short = [f"n{names[a]}={n}" for a, n in enumerate(stop.shape) if n % 2 or n < 4]
-                raise ValueError(
-                    f"multigrid cannot coarsen grid.shape={grid.shape}: the finely spaced axes "
-                    f"(every axis of an isotropic grid) are halved together while each stays "
-                    f"even and ≥ 4, which stops at a level of shape {stop.shape} "
-                    f"({', '.join(short) or 'its sizes'} cannot be halved), more than "
-                    f"max_coarse={max_coarse} cells; use sizes c·2^k with a small c (e.g. 96, "
-                    f"128, 160) and enough cells along the shortest axis, or "
-                    f"method='spectral'"
-                )
-            self.levels = levels
-            # prepared once unless it depends on a coefficient or on a field or traced
-            # shift (then rebuilt inside each solve)
-            constant_shift = self.shift is None or (
-                self.shift.ndim == 0 and is_concrete(self.shift)
+                    f"method='auto' found no method for grid.shape={grid.shape} on "
+                    f"{mesh.size} devices. cg (picked because {auto_off_spectral}): {err}. On this "
+                    f"mesh that is no way out: use fewer devices, or sizes that both allow"
+                ) from None
+
+    def _prepare_hierarchy(self, local: Grid, grid: Grid, coefficient, max_coarse: int):
+        """The multigrid hierarchy of ``local`` (and the coarsest-level inverse, when it
+        does not depend on the solve's data), or a ``ValueError`` saying why there is none."""
+        levels = mg.build_hierarchy(local, max_coarse)
+        spacing = grid.spacing
+        stop, line = (None, None) if levels else mg.coarsening_stop(local, max_coarse)
+        if levels is None and line is not None:
+            names = grid.axis_names
+            odd = [
+                f"n{names[a]}={n}"
+                for a, n in enumerate(stop.shape)
+                if a != line and (n % 2 or n < 4)
+            ]
+            raise ValueError(
+                f"multigrid cannot coarsen grid.shape={grid.shape}: it relaxes lines along "
+                f"{names[line]} (a thin axis) and halves the other axes, which reach "
+                f"{', '.join(odd) or 'sizes that cannot be halved'} at a level of shape "
+                f"{stop.shape} with more than max_coarse={max_coarse} cells; use sizes "
+                f"c·2^k with a small c (e.g. 96, 128, 160) along the other axes, or "
+                f"method='spectral' (constant coefficient)"
             )
-            if coefficient is None and constant_shift:
-                self.coarse_inverse = _dense_inverse(
-                    levels[-1].grid,
-                    parity_of(self.bc),
-                    None,
-                    self.singular,
-                    grid.dtype,
-                    self.shift,
-                )
-                # kept beside it: a shift edited later (eqx.tree_at) needs another inverse
-                self.coarse_shift = self.shift
+        if levels is None and max(spacing) >= mg.ANISOTROPY_FACTOR * min(spacing):
+            raise ValueError(
+                f"multigrid cannot coarsen grid.shape={grid.shape} with spacings "
+                f"{tuple(float(f'{h:.3g}') for h in spacing)}: on an anisotropic grid only "
+                f"the finely spaced axes are halved (semi-coarsening), and those run out of "
+                f"cells before a level has ≤ max_coarse={max_coarse} cells; line "
+                f"relaxation takes over only along a single finest axis that has walls "
+                f"(not periodic) and is not split across devices, with every other axis "
+                f"≥ {mg.ANISOTROPY_FACTOR:g}× coarser, or along the one axis that stops the "
+                f"halving when it has walls; use method='spectral' (constant "
+                f"coefficient), or more cells along the finely spaced axes"
+            )
+        if levels is None:
+            names = grid.axis_names
+            short = [f"n{names[a]}={n}" for a, n in enumerate(stop.shape) if n % 2 or n < 4]
+            raise ValueError(
+                f"multigrid cannot coarsen grid.shape={grid.shape}: the finely spaced axes "
+                f"(every axis of an isotropic grid) are halved together while each stays "
+                f"even and ≥ 4, which stops at a level of shape {stop.shape} "
+                f"({', '.join(short) or 'its sizes'} cannot be halved), more than "
+                f"max_coarse={max_coarse} cells; use sizes c·2^k with a small c (e.g. 96, "
+                f"128, 160) and enough cells along the shortest axis, or "
+                f"method='spectral'"
+            )
+        self.levels = levels
+        # prepared once unless it depends on a coefficient or on a field or traced
+        # shift (then rebuilt inside each solve)
+        constant_shift = self.shift is None or (self.shift.ndim == 0 and is_concrete(self.shift))
+        if coefficient is None and constant_shift:
+            self.coarse_inverse = _dense_inverse(
+                levels[-1].grid,
+                parity_of(self.bc),
+                None,
+                self.singular,
+                grid.dtype,
+                self.shift,
+            )
+            # kept beside it: a shift edited later (eqx.tree_at) needs another inverse
+            self.coarse_shift = self.shift
 
     # ---------------------------------------------------------------- helpers
     @property
@@ -948,6 +967,21 @@ def _check_edited_operator(solver: PoissonSolver) -> None:
         x = float(c)
         if not (math.isfinite(x) and x > 0):
             raise ValueError(f"{_SHIFT_NOT_POSITIVE}, got {x:g}")
+
+
+def _spectral_mesh_refusal(grid: Grid, mesh: Mesh | None) -> str | None:
+    """Why the spectral method cannot run on ``mesh`` (its slab transposes split the first
+    and the last axis over every device), or ``None`` when it can."""
+    if mesh is None or mesh.size == 1:
+        return None
+    p = mesh.size
+    for a in (0, grid.ndim - 1):
+        if grid.shape[a] % p:
+            return (
+                f"the spectral method on {p} devices needs n{grid.axis_names[a]} "
+                f"divisible by {p} (slab transposes), got grid.shape={grid.shape}"
+            )
+    return None
 
 
 def _least(values: np.ndarray) -> str:
