@@ -921,6 +921,44 @@ def test_iterations_scale_invariant(method):
     assert np.max(np.abs(ref32)) > 0 and _rel(u32, ref32) <= 1e-4
 
 
+@pytest.mark.parametrize("method", ["cg", "multigrid"])
+def test_a_tiny_or_huge_coefficient_is_solved(method):
+    """∇·(a∇u) = f with a = 1e-200 (or 1e200) and f to match, u of order one: scaling f
+    alone left u at 1e±200 in the iteration, whose norm overflowed (or underflowed) — the
+    solve stopped after one iteration, not converged, with a message blaming
+    max_iterations=100. The operator is scaled as well now: the iterations and u of a = 1."""
+    grid = _grid((32, 32), False)
+    rng = np.random.default_rng(12)
+    f = rng.normal(size=grid.shape)
+    a = 1 + rng.random(grid.shape)
+    for bc, kw in (("dirichlet", {}), ("neumann", {"compatibility": "project"})):
+        ref = PoissonSolver(grid, bc, method, coefficient=a, **kw).solve(f)
+        for scale in (1e-200, 1e200):
+            sol = PoissonSolver(grid, bc, method, coefficient=scale * a, **kw).solve(scale * f)
+            assert bool(sol.converged), (bc, scale)
+            assert int(sol.iterations) == int(ref.iterations), (bc, scale)
+            assert abs(float(sol.residual_norm) / float(ref.residual_norm) - 1) <= 1e-3
+            assert _rel(sol.u, ref.u) <= 1e-12, (bc, scale)
+    # one number for every cell, through solve
+    ref = solve(f, grid, "dirichlet", method, coefficient=1.0)
+    assert _rel(solve(1e-200 * f, grid, "dirichlet", method, coefficient=1e-200), ref) <= 1e-12
+    # float32: 1e±30 (u of order one, its norm squared 1e±60 out of float32's range)
+    g32 = Grid((32, 32), (1.0, 1.0), periodic=False, dtype="float32")
+    f32, a32 = f.astype(np.float32), a.astype(np.float32)
+    ref32 = PoissonSolver(g32, "dirichlet", method, coefficient=a32).solve(f32)
+    for scale in (1e-30, 1e30):
+        sol = PoissonSolver(g32, "dirichlet", method, coefficient=scale * a32).solve(scale * f32)
+        assert bool(sol.converged) and int(sol.iterations) == int(ref32.iterations), scale
+        assert _rel(sol.u, ref32.u) <= 1e-5, scale
+    # a solve that does not converge is still reported so, after its max_iterations
+    kw = {"coefficient": 1e-200 * a, "max_iterations": 2}
+    with pytest.raises(RuntimeError, match="did not converge"):
+        PoissonSolver(grid, "dirichlet", method, **kw).solve(1e-200 * f)
+    sol = PoissonSolver(grid, "dirichlet", method, throw=False, **kw).solve(1e-200 * f)
+    assert not bool(sol.converged) and int(sol.iterations) == 2
+    assert 1e-10 < float(sol.residual_norm) < 1
+
+
 def test_input_cast_to_grid_precision():
     grid = _grid((32, 32), False)
     f32 = np.random.default_rng(5).normal(size=grid.shape).astype(np.float32)

@@ -509,15 +509,34 @@ class PoissonSolver(eqx.Module):
         parity = parity_of(bc)
         a = None if coefficient is None else coefficient.astype(dtype)
         levels = self.levels
+        fine = levels[0].grid
+        # The operator's size, 2^k ~ max a · Σ 2/h² + max c (its largest diagonal entry
+        # within a factor 2): the iterations run on A / 2^k, so that u, like f, is of
+        # order one there (see solve_fn). With a coefficient the hierarchy itself is built
+        # for A / 2^k (a and c scaled, exactly), so the cycle's own values are of order one
+        # too; without one the prepared coarse inverse serves A, and the cycle is scaled.
+        # (of values without derivatives: pmax, on a mesh, has no differentiation rule)
+        a_top = None if a is None else mg.global_max(lax.stop_gradient(a), fine)
+        top_a = sum(2 / h**2 for h in fine.spacing) * (1 if a_top is None else a_top)
+        if c is not None:
+            c_fixed = lax.stop_gradient(c)
+            top_a = top_a + (c_fixed if c.ndim == 0 else mg.global_max(c_fixed, fine))
+        top_a = jnp.asarray(top_a, dtype)
+        _, op_exponent = jnp.frexp(jnp.where((top_a > 0) & jnp.isfinite(top_a), top_a, 1))
+        one = jnp.ones((), dtype)
+        op_down, op_up = jnp.ldexp(one, -op_exponent), jnp.ldexp(one, op_exponent)
+        internal = a is not None  # the hierarchy built for A / 2^k
+        if internal:
+            a = a * op_down
+            c = None if c is None else c * op_down
         inv, made_for = (None, None) if coarse is None else coarse
         inv = None if inv is None else inv.astype(dtype)
         made_for = None if made_for is None else made_for.astype(dtype)
         data = mg.prepare(levels, parity, a, inv, self.singular, dtype, c, made_for)
         cycle = mg.Multigrid(levels, parity, data, *self.smoothing, self.cycle)
-        fine = levels[0].grid
         faces = data.faces[0]
 
-        def matvec(u):
+        def prepared_operator(u):  # A / 2^k when internal, else A
             return apply_operator(u, fine, parity, faces, c)
 
         iterate = mg.conjugate_gradient if self.method == "cg" else mg.multigrid_iterate
@@ -530,9 +549,28 @@ class PoissonSolver(eqx.Module):
             diag = operator_diagonal(fine, parity, faces, dtype, c)
         diag = lax.stop_gradient(diag)
 
-        def abs_operator(u):
+        def prepared_abs_operator(u):
             au = jnp.abs(u)
-            return matvec(au) - 2 * diag * au
+            return prepared_operator(au) - 2 * diag * au
+
+        if internal:
+            scaled_matvec, scaled_cycle = prepared_operator, cycle
+            scaled_abs_operator = prepared_abs_operator
+
+            def matvec(u):  # A itself, for the derivatives custom_linear_solve takes
+                return prepared_operator(u) * op_up
+
+        else:
+            matvec = prepared_operator
+
+            def scaled_matvec(u):
+                return prepared_operator(u) * op_down
+
+            def scaled_cycle(r):
+                return cycle(r) * op_up
+
+            def scaled_abs_operator(u):
+                return prepared_abs_operator(u) * op_down
 
         def solve_fn(_matvec, rhs):
             b, x0 = (rhs[0], rhs[1]) if guess is not None else (rhs, None)
@@ -542,37 +580,41 @@ class PoissonSolver(eqx.Module):
                 # the zero-mean gauge holds for the returned u even when the guess is
                 # already within the tolerance (no iteration then)
                 start = None if x0 is None else mg.remove_mean(x0, fine)
-            # Iterate on b / 2^e, 2^e ~ max|b|: the norms are square roots of sums of
-            # squares, which underflow or overflow for data far from 1 (|f| ~ 1e-20 in
-            # float32, 1e±170 in float64) and would then stop the loop at once with u = 0.
-            # A power of two scales exactly: the u returned has the residual reported.
+            # Iterate on (A / 2^k) u' = b / 2^e, 2^e ~ max|b|, u = 2^(e-k) u': the norms
+            # are square roots of sums of squares, which underflow or overflow for data far
+            # from 1 (|f| ~ 1e-20 in float32, 1e±170 in float64) and would then stop the
+            # loop at once with u = 0; and for u far from 1 while f is not (a coefficient
+            # of 1e-200 with f to match: ‖u‖ overflowed and the loop stopped after one
+            # iteration, not converged). Powers of two scale exactly: the u returned has the
+            # residual reported.
             top = mg.global_max(jnp.abs(b), fine)
             _, exponent = jnp.frexp(jnp.where((top > 0) & jnp.isfinite(top), top, 1))
-            scale = jnp.ldexp(jnp.ones((), b.dtype), exponent)
+            scale = jnp.ldexp(one, exponent)
+            unit = exponent - op_exponent  # u = 2^unit u'
             u, info = iterate(
-                matvec,
-                cycle,
+                scaled_matvec,
+                scaled_cycle,
                 b / scale,
                 fine,
                 self.singular,
                 self.rtol,
                 self.atol / scale,
                 self.max_iterations,
-                abs_operator,
-                None if start is None else start / scale,
+                scaled_abs_operator,
+                None if start is None else _times_power_of_two(start, -unit),
             )
             # A u whose values all fall below the dtype's smallest normal number (|f| ~
             # 1e-36 in float32) is flushed to zero by XLA on the CPU when scaled back: it
             # then solves nothing, whatever the iterations reached.
             top_u = mg.global_max(jnp.abs(u), fine)
-            lost = (top_u > 0) & (top_u * scale < jnp.finfo(b.dtype).tiny)
+            lost = (top_u > 0) & (_times_power_of_two(top_u, unit) < jnp.finfo(b.dtype).tiny)
             info = info._replace(
                 converged=info.converged & ~lost,
                 residual_norm=jnp.where(
                     lost, jnp.ones_like(info.residual_norm), info.residual_norm
                 ),
             )
-            u = u * scale
+            u = _times_power_of_two(u, unit)
             if check:
                 # Here, not on the u returned: jax.grad and jax.jvp run this function again
                 # for the cotangent or tangent (from zero, on another right-hand side), and
@@ -1028,6 +1070,14 @@ def _check_shift(shift: Any, grid: Grid, method: str, mesh: Mesh | None) -> jax.
         return place_on_mesh(shift, grid, mesh)
     bad = ~jnp.all(jnp.isfinite(shift) & (shift > 0))
     return error_if(shift, bad, _SHIFT_NOT_POSITIVE, grid, mesh)  # on every device at once
+
+
+def _times_power_of_two(x, n):
+    """``x · 2^n``, exactly, in two factors: 2^n alone may lie outside the dtype's normal
+    range (and be flushed to zero) where the product does not."""
+    half = n // 2
+    one = jnp.ones((), x.dtype)
+    return x * jnp.ldexp(one, half) * jnp.ldexp(one, n - half)
 
 
 def _relative_norm(r, b):
