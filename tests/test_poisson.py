@@ -587,7 +587,7 @@ def test_initial_guess_is_checked_and_ignored_by_a_direct_solve():
         quiet = PoissonSolver(grid, "dirichlet", method, throw=False)
         traced = jax.jit(lambda u0, s=quiet: s.solve(f, initial_guess=u0))(bad)
         assert not bool(traced.converged)
-    assert "NaN/Inf in f or initial_guess" in solver._not_converged_message()
+    assert "NaN/Inf in f, boundary_values or initial_guess" in solver._not_converged_message()
     spectral = PoissonSolver(grid, "dirichlet", "spectral")
     assert np.array_equal(spectral(f, initial_guess=np.ones((16, 16))), spectral(f))
     assert _rel(solve(f, grid, "dirichlet", "cg", initial_guess=spectral(f)), spectral(f)) <= 1e-8
@@ -806,6 +806,46 @@ def test_compatibility_check_of_a_field_that_vanishes_on_the_sampled_rows():
     g[3, 7] = np.nan
     with pytest.raises(ValueError, match="NaN or Inf"):
         solver(g)
+
+
+@pytest.mark.parametrize("method", ["cg", "multigrid"])
+def test_the_not_converged_message_says_how_the_solve_ended(method):
+    """Called eagerly, the RuntimeError said 'did not converge within max_iterations=100'
+    whatever happened, also after 0 iterations on NaN in f or after 1 on u flushed to
+    zero. It now gives the iterations run and the relative residual, and tells running
+    out of iterations from stopping early."""
+    grid = _grid((32, 32), False)
+    f = np.random.default_rng(8).normal(size=grid.shape)
+    with pytest.raises(
+        RuntimeError,
+        match=r"did not converge within max_iterations=2 to rtol=1e-10: the relative "
+        r"residual is 0\.00\d+;",
+    ):
+        PoissonSolver(grid, "dirichlet", method, max_iterations=2)(f)
+    bad = f.copy()
+    bad[3, 4] = np.nan
+    for call in ("__call__", "solve"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"did not converge to rtol=1e-10: its residual is nan after 0 of "
+            r"max_iterations=100 iterations \(NaN/Inf in f, boundary_values or initial_guess",
+        ):
+            getattr(PoissonSolver(grid, "dirichlet", method), call)(bad)
+    # NaN in a JAX array of wall values (not read before the solve) likewise
+    with pytest.raises(RuntimeError, match=r"its residual is nan after 0 of"):
+        PoissonSolver(grid, "dirichlet", method)(f, {"x": (jnp.full(32, jnp.nan), 0.0)})
+    # stopped early: float32 u below the smallest normal number, flushed to zero
+    g32 = Grid((16, 16), (1.0, 1.0), periodic=False, dtype="float32")
+    f32 = f[:16, :16].astype(np.float32) * np.float32(1e-36)
+    with pytest.raises(
+        RuntimeError,
+        match=r"did not converge to rtol=1e-05: it stopped after \d of max_iterations=100 "
+        r"iterations at a relative residual of 1, .* flushed to zero",
+    ):
+        PoissonSolver(g32, "dirichlet", method)(f32)
+    # inside a transformation the message cannot hold numbers: it names both endings
+    with pytest.raises(Exception, match=r"within max_iterations=2 to rtol=1e-10, or stopped"):
+        jax.jit(PoissonSolver(grid, "dirichlet", method, max_iterations=2).__call__)(f)
 
 
 def test_non_convergence_is_reported():

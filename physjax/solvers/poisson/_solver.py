@@ -718,18 +718,42 @@ class PoissonSolver(eqx.Module):
             self, f, boundary_values, _solve_fast, PoissonSolver._solve_jit, initial_guess
         )
 
-    def _not_converged_message(self, in_graph: bool = False) -> str:
+    def _not_converged_message(
+        self, in_graph: bool = False, iterations: int | None = None, residual=None
+    ) -> str:
+        """Why a solve counts as not converged; with the ``iterations`` it ran and its
+        relative ``residual`` when they are known (a call made outside any transformation),
+        which tell running out of iterations from stopping early."""
         # in a graph the solves that jax.grad/jax.jvp add for derivatives are checked too
         which = " (or one added by jax.grad/jax.jvp for a derivative)" if in_graph else ""
+        head = f"the {self.method} Poisson solve{which} did not converge"
+        within = f" within max_iterations={self.max_iterations} to rtol={self.rtol:g}"
+        causes = "NaN/Inf in f, boundary_values or initial_guess, or a diverging multigrid cycle"
+        if iterations is None:
+            how = (
+                f"{within}, or stopped before: on a residual that is not finite ({causes}), "
+                "or where an iteration no longer changed u (the working precision exhausted)"
+            )
+        elif not np.isfinite(residual):
+            how = (
+                f" to rtol={self.rtol:g}: its residual is {float(residual)} after {iterations} "
+                f"of max_iterations={self.max_iterations} iterations ({causes})"
+            )
+        elif iterations >= self.max_iterations:
+            how = f"{within}: the relative residual is {float(residual):.3g}"
+        else:
+            how = (
+                f" to rtol={self.rtol:g}: it stopped after {iterations} of max_iterations="
+                f"{self.max_iterations} iterations at a relative residual of "
+                f"{float(residual):.3g}, where an iteration no longer changed u (the working "
+                "precision exhausted), or with a solution flushed to zero (below)"
+            )
         return (
-            f"the {self.method} Poisson solve{which} did not converge within max_iterations="
-            f"{self.max_iterations} to rtol={self.rtol:g} (or its residual is not finite: "
-            "NaN/Inf in f or initial_guess, or a diverging multigrid cycle); raise "
-            "max_iterations or the tolerance, check the inputs and the coefficient (strongly "
-            "varying coefficients: "
-            "method='cg'), or pass throw=False and read .converged from .solve. A solution "
-            "below the dtype's smallest normal number (1.2e-38 in float32) is flushed to "
-            "zero and counts as not converged: scale f up"
+            f"{head}{how}; raise max_iterations or the tolerance, check the inputs and the "
+            "coefficient (strongly varying coefficients: method='cg'), or pass throw=False "
+            "and read .converged from .solve. A solution below the dtype's smallest normal "
+            "number (1.2e-38 in float32) is flushed to zero and counts as not converged: "
+            "scale f up"
         )
 
     def _solve_core(
@@ -773,7 +797,7 @@ class PoissonSolver(eqx.Module):
     def _solve_jit(self, f, boundary_values, prechecked=False, in_graph=True, guess=None):
         u, info, stats = self._solve_core(f, boundary_values, prechecked, True, in_graph, guess)
         sol = PoissonSolution(u, info.residual_norm, info.iterations, info.converged)
-        return sol, info.converged, stats
+        return sol, info, stats
 
     def __call__(
         self,
@@ -809,7 +833,7 @@ class PoissonSolver(eqx.Module):
     @eqx.filter_jit
     def _call_jit(self, f, boundary_values, prechecked=False, in_graph=True, guess=None):
         u, info, stats = self._solve_core(f, boundary_values, prechecked, False, in_graph, guess)
-        return u, info.converged, stats
+        return u, info, stats
 
 
 def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=None):
@@ -894,12 +918,13 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
     # Python, with the solver's own message; inside a transformation through eqx.error_if.
     eager = all(is_concrete(x) for x in jax.tree.leaves((solver, f, boundary_values, guess)))
     if boundary_values is None:
-        out, converged, stats = fast(solver, f, prechecked, not eager, guess)
+        out, info, stats = fast(solver, f, prechecked, not eager, guess)
     else:
-        out, converged, stats = general(solver, f, boundary_values, prechecked, not eager, guess)
+        out, info, stats = general(solver, f, boundary_values, prechecked, not eager, guess)
     out = cls._checked(solver, out, stats, f, boundary_values)
-    if eager and solver.throw and solver.method != "spectral" and not bool(converged):
-        raise RuntimeError(cls._not_converged_message(solver))
+    if eager and solver.throw and solver.method != "spectral" and not bool(info.converged):
+        iterations, residual = jax.device_get((info.iterations, info.residual_norm))
+        raise RuntimeError(cls._not_converged_message(solver, False, int(iterations), residual))
     return out
 
 
@@ -910,14 +935,14 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
 @functools.partial(jax.jit, static_argnames=("prechecked", "in_graph"))
 def _call_fast(solver: PoissonSolver, f, prechecked, in_graph, guess=None):
     u, info, stats = solver._solve_core(f, None, prechecked, False, in_graph, guess)
-    return u, info.converged, stats
+    return u, info, stats
 
 
 @functools.partial(jax.jit, static_argnames=("prechecked", "in_graph"))
 def _solve_fast(solver: PoissonSolver, f, prechecked, in_graph, guess=None):
     u, info, stats = solver._solve_core(f, None, prechecked, True, in_graph, guess)
     sol = PoissonSolution(u, info.residual_norm, info.iterations, info.converged)
-    return sol, info.converged, stats
+    return sol, info, stats
 
 
 # One compiled program each, instead of a few dozen eager operations compiled one by one
