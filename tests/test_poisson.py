@@ -824,6 +824,7 @@ def test_the_not_converged_message_says_how_the_solve_ended(method):
         PoissonSolver(grid, "dirichlet", method, max_iterations=2)(f)
     bad = f.copy()
     bad[3, 4] = np.nan
+    bad = jnp.asarray(bad)  # a JAX array is not read before the solve
     for call in ("__call__", "solve"):
         with pytest.raises(
             RuntimeError,
@@ -935,13 +936,35 @@ def test_non_finite_results_are_never_converged():
 
     bad = f.copy()
     bad[3, 4] = np.nan
-    for method in ("spectral", "multigrid", "cg"):
-        sol = PoissonSolver(grid, "dirichlet", method, throw=False).solve(bad)
+    for method in ("spectral", "multigrid", "cg"):  # a JAX array: not read before the solve
+        sol = PoissonSolver(grid, "dirichlet", method, throw=False).solve(jnp.asarray(bad))
         assert not bool(sol.converged), method
         assert int(sol.iterations) == 0, method  # the iterations stop at once
     for method in ("spectral", "cg"):
         with pytest.raises(ValueError, match="f contains NaN or Inf"):
             solve(bad, _grid((32, 32), True), "periodic", method)
+
+
+def test_nan_in_a_numpy_f_is_refused_before_the_solve():
+    """NaN/Inf in an f given as a NumPy array (or a list) of a problem with Dirichlet walls
+    went to the compiled solve: spectral returned NaN without a word, multigrid and cg
+    raised 'did not converge'. It is refused by name first, read on the host (as NumPy
+    wall values and guesses are), with throw=False too; a JAX array still goes to the
+    solve, which reports it."""
+    grid = _grid((16, 16), False)
+    f = np.random.default_rng(5).normal(size=grid.shape)
+    bad = f.copy()
+    bad[3, 4], bad[5, 6] = np.nan, -np.inf
+    for method in ("spectral", "multigrid", "cg"):
+        solver = PoissonSolver(grid, "dirichlet", method, throw=False)
+        for given in (bad, bad.tolist()):
+            for call in (solver, solver.solve, lambda x, m=method: solve(x, grid, "dirichlet", m)):
+                with pytest.raises(ValueError, match=r"^f contains NaN or Inf values: 2 of 256$"):
+                    call(given)
+        assert not bool(solver.solve(jnp.asarray(bad)).converged), method
+    # float32 on a float64 grid too, and with boundary values
+    with pytest.raises(ValueError, match=r"f contains NaN or Inf values: 2 of 256"):
+        solve(bad.astype(np.float32), grid, "dirichlet", boundary_values={"x": (1.0, 0.0)})
 
 
 @pytest.mark.parametrize("method", ["multigrid", "cg"])
@@ -1226,6 +1249,7 @@ def test_nan_in_f_of_a_singular_problem_is_refused_at_any_size():
     of more than a few rows (64²: it returns the max of the rest); the mean keeps it."""
     bad = np.zeros((64, 64))
     bad[1, 2] = np.nan
+    bad = jnp.asarray(bad)  # (a NumPy f is refused before the solve, on the host)
     for bc, periodic in (("periodic", True), ("neumann", False)):
         grid = _grid((64, 64), periodic)
         for method in ("spectral", "multigrid", "cg"):

@@ -860,7 +860,9 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
             place_on_mesh((solver.coefficient, solver.shift), solver.grid, solver.mesh),
             is_leaf=lambda v: v is None,
         )
+    given = f
     f = cls._check_field(solver, f, "f")
+    _check_finite_host_field(given, "f")
     if guess is not None:
         guess = cls._check_field(solver, guess, "initial_guess")
         if solver.method == "spectral":
@@ -988,6 +990,21 @@ def _wall_array(value, name, side: str):
             f"boundary_values[{name!r}] ({side} wall) must be a number or a real array of "
             f"the wall's shape, got a list that is not an array: {value!r:.80} ({err!s:.80})"
         ) from None
+
+
+def _check_finite_host_field(value, name: str) -> None:
+    """Refuse NaN/Inf in a field given as a NumPy array (or a list), by name, before
+    anything is compiled: read on the host, it costs no wait for the device. JAX arrays
+    are left to the solve (a periodic/Neumann problem's compatibility check refuses them,
+    otherwise the solve reports not converged)."""
+    if isinstance(value, jax.Array):
+        return
+    values = np.asarray(value)
+    if values.dtype.kind == "f" and not np.all(np.isfinite(values)):
+        raise ValueError(
+            f"{name} contains NaN or Inf values: {int(np.sum(~np.isfinite(values)))} of "
+            f"{values.size}"
+        )
 
 
 def _check_finite_boundary_values(boundary_values) -> None:
