@@ -945,6 +945,25 @@ def test_non_finite_results_are_never_converged():
             solve(bad, _grid((32, 32), True), "periodic", method)
 
 
+def test_wall_values_of_objects_or_strings_are_refused_by_name():
+    """A NumPy array of objects (or a list mixing numbers and strings) as wall values
+    stopped inside jit with "Error interpreting argument to ... as an abstract array",
+    naming neither boundary_values nor the wall."""
+    grid = _grid((16, 16), False)
+    f = np.zeros((16, 16))
+    for wall, got in (
+        (np.array([1.0] * 16, dtype=object), "an array of object"),
+        ([1.0] * 15 + ["a"], "an array of <U32"),
+    ):
+        for method in ("spectral", "cg"):
+            with pytest.raises(
+                ValueError,
+                match=rf"^boundary_values\['x'\] entries must be real numbers or real arrays, "
+                rf"got {got}$",
+            ):
+                solve(f, grid, "dirichlet", method, boundary_values={"x": (0.0, wall)})
+
+
 def test_nan_in_a_numpy_f_is_refused_before_the_solve():
     """NaN/Inf in an f given as a NumPy array (or a list) of a problem with Dirichlet walls
     went to the compiled solve: spectral returned NaN without a word, multigrid and cg

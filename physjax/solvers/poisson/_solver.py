@@ -1018,7 +1018,15 @@ def _check_finite_boundary_values(boundary_values) -> None:
             if value is None or isinstance(value, jax.Array):
                 continue
             values = np.asarray(value)
-            if values.dtype.kind in "fc" and not np.all(np.isfinite(values)):
+            if values.dtype.kind not in "iuf":
+                # refused here, not in the compiled call, which cannot take an array of
+                # objects or strings (jit's TypeError would not name the wall)
+                got = f"an array of {values.dtype}" if hasattr(value, "dtype") else f"{value!r:.80}"
+                raise ValueError(
+                    f"boundary_values[{name!r}] entries must be real numbers or real arrays, "
+                    f"got {got}"
+                )
+            if values.dtype.kind == "f" and not np.all(np.isfinite(values)):
                 raise ValueError(
                     f"boundary_values[{name!r}] ({side} wall) has "
                     f"{int(np.sum(~np.isfinite(values)))} non-finite value(s) (NaN/Inf)"
