@@ -945,6 +945,28 @@ def test_non_finite_results_are_never_converged():
             solve(bad, _grid((32, 32), True), "periodic", method)
 
 
+def test_a_misspelt_bc_is_named_with_the_condition_meant():
+    """A misspelt or capitalised condition was refused without a suggestion, and bytes
+    (b'dirichlet') were taken for a sequence of 9 conditions ('got 9 entries')."""
+    grid = _grid((16, 16), False)
+    for bc, where, got, meant in (
+        ("Dirichlet", "bc", "'Dirichlet'", "dirichlet"),
+        ("nuemann", "bc", "'nuemann'", "neumann"),
+        (("dirichlet", "Periodic "), "bc for axis x", "'Periodic '", "periodic"),
+        ({"y": "neuman"}, "bc for axis y", "'neuman'", "neumann"),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=rf"^{where} must be one of \('periodic', 'dirichlet', 'neumann'\), got "
+            rf"{re.escape(got)} \(did you mean '{meant}'\?\)$",
+        ):
+            PoissonSolver(grid, bc)
+    with pytest.raises(ValueError, match=r"^bc must be one of .*, got 'xyz'$"):  # no guess
+        PoissonSolver(grid, "xyz")
+    with pytest.raises(ValueError, match=r"^bc must be a str, not bytes: got b'dirichlet'$"):
+        solve(np.zeros((16, 16)), grid, b"dirichlet")
+
+
 def test_wall_values_of_objects_or_strings_are_refused_by_name():
     """A NumPy array of objects (or a list mixing numbers and strings) as wall values
     stopped inside jit with "Error interpreting argument to ... as an abstract array",

@@ -15,6 +15,7 @@ homogeneous operator.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,14 +29,24 @@ from ...grids import Grid, fill_halo
 BOUNDARY_CONDITIONS = ("periodic", "dirichlet", "neumann")
 
 
+def _guess(given: Any) -> str:
+    """`` (did you mean 'neumann'?)`` for a misspelt or capitalised condition, else ``""``."""
+    if not isinstance(given, str):
+        return ""
+    close = difflib.get_close_matches(given.strip().lower(), BOUNDARY_CONDITIONS, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def normalise_bc(bc: Any, grid: Grid) -> tuple[str, ...]:
     """Boundary condition per axis in grid order, checked against ``grid.periodic``."""
     names = grid.axis_names
     if bc is None:
         out = tuple("periodic" if p else "dirichlet" for p in grid.periodic)
+    elif isinstance(bc, (bytes, bytearray)):  # was taken for a sequence of 9 conditions
+        raise ValueError(f"bc must be a str, not bytes: got {bc!r}")
     elif isinstance(bc, str):
         if bc not in BOUNDARY_CONDITIONS:
-            raise ValueError(f"bc must be one of {BOUNDARY_CONDITIONS}, got {bc!r}")
+            raise ValueError(f"bc must be one of {BOUNDARY_CONDITIONS}, got {bc!r}{_guess(bc)}")
         if bc == "periodic":
             out = ("periodic",) * grid.ndim
         elif all(grid.periodic):  # a wall condition with no wall to take it: a mistake
@@ -66,6 +77,7 @@ def normalise_bc(bc: Any, grid: Grid) -> tuple[str, ...]:
         if kind not in BOUNDARY_CONDITIONS:
             raise ValueError(
                 f"bc for axis {name} must be one of {BOUNDARY_CONDITIONS}, got {kind!r}"
+                f"{_guess(kind)}"
             )
         if periodic and kind != "periodic":
             raise ValueError(
