@@ -945,6 +945,17 @@ def test_non_finite_results_are_never_converged():
             solve(bad, _grid((32, 32), True), "periodic", method)
 
 
+def test_throw_must_be_a_bool():
+    """throw="no" was taken by its truth value (True: raise), None as False (refused as
+    integrate_diffrax refuses them)."""
+    grid = _grid((16, 16), False)
+    for bad in ("no", "False", None, 0, 1.0):
+        with pytest.raises(TypeError, match=r"^throw must be True or False, got "):
+            PoissonSolver(grid, "dirichlet", "cg", throw=bad)
+    for ok in (True, False, np.bool_(False)):
+        assert PoissonSolver(grid, "dirichlet", "cg", throw=ok).throw is bool(ok)
+
+
 def test_a_misspelt_bc_is_named_with_the_condition_meant():
     """A misspelt or capitalised condition was refused without a suggestion, and bytes
     (b'dirichlet') were taken for a sequence of 9 conditions ('got 9 entries')."""

@@ -203,6 +203,8 @@ class PoissonSolver(eqx.Module):
             raise ValueError(
                 f"laplacian='spectral' (exact eigenvalues) needs method='spectral', got {method!r}"
             )
+        if not isinstance(throw, (bool, np.bool_)):  # "no" and 0.0 were taken by truth value
+            raise TypeError(f"throw must be True or False, got {throw!r}")
         if cycle not in ("V", "F"):
             raise ValueError(f"cycle must be 'V' or 'F', got {cycle!r}")
         if (
