@@ -335,6 +335,17 @@ def test_auto_on_a_mesh_the_spectral_method_cannot_split_picks_cg():
         got = solve(f, grid, bc, mesh=mesh, compatibility="project", rtol=1e-12)
         assert _rel(got, ref) <= 1e-10, shape
         assert len(got.sharding.device_set) == 4
+    # laplacian='spectral' (spectral only): auto keeps spectral, refused for the mesh
+    # (and for a coefficient as such), not as "needs method='spectral', got 'cg'"
+    with pytest.raises(
+        ValueError, match=r"^the spectral method on 4 devices needs nx .*laplacian='discrete'"
+    ):
+        PoissonSolver(
+            _grid((8, 10), True), "periodic", mesh=make_mesh((2, 2), 2), laplacian="spectral"
+        )
+    with pytest.raises(ValueError, match=r"^coefficient is not supported by method='spectral'"):
+        PoissonSolver(_grid((8, 8), False), "dirichlet", coefficient=2.0, laplacian="spectral")
+    assert PoissonSolver(_grid((8, 8), True), laplacian="spectral").method == "spectral"
     # asked for by name, spectral is still refused with the way out
     with pytest.raises(ValueError, match=r"spectral method on 4 devices needs nx .*'cg'"):
         PoissonSolver(_grid((8, 10), True), "periodic", "spectral", mesh=make_mesh((2, 2), 2))

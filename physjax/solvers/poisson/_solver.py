@@ -185,7 +185,12 @@ class PoissonSolver(eqx.Module):
         auto_off_spectral = None  # why "auto" did not take spectral on this mesh
         if method == "auto":
             field_shift = shift is not None and np.ndim(shift) > 0
-            if coefficient is not None or field_shift:
+            if laplacian == "spectral":
+                # only the spectral method has it: refused below, if at all, for the reason
+                # that keeps it from this problem (a coefficient, the mesh), not for a method
+                # that was not asked for
+                method = "spectral"
+            elif coefficient is not None or field_shift:
                 method = "cg"
             elif spectral_refusal is not None:
                 # the slab transposes cannot split this grid over the mesh: the iterative
@@ -322,9 +327,10 @@ class PoissonSolver(eqx.Module):
         if mesh is not None and mesh.size > 1:
             local = decompose(local, mesh)
             if method == "spectral" and spectral_refusal is not None:
+                other = "laplacian='discrete' and " if laplacian == "spectral" else ""
                 raise ValueError(
-                    f"{spectral_refusal}; use method='multigrid' or 'cg', which take any "
-                    f"grid the layout divides, or fewer devices"
+                    f"{spectral_refusal}; use {other}method='multigrid' or 'cg', which take "
+                    f"any grid the layout divides, or fewer devices"
                 )
         self.levels = None
         self.coarse_inverse = None
