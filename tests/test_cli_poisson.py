@@ -24,6 +24,19 @@ def _poisson(tmp_path, *extra, name="p.h5"):
     return code, out
 
 
+def _plotted_figure(tmp_path, monkeypatch, *extra):
+    """Run ``physjax poisson … --plot`` with ``extra`` and return the figure it drew (kept
+    from ``plt.close``) and that figure's renderer."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    code, _ = _poisson(tmp_path, *extra, "--plot", str(tmp_path / "p.png"))
+    assert code == 0
+    assert len(figures) == 1
+    return figures[-1], figures[-1].canvas.get_renderer()
+
+
 def _fd_laplacian(u, spacing, bc):
     """Second-order 5/7-point Laplacian of cell-centred u with homogeneous conditions."""
     total = np.zeros_like(u)
@@ -442,15 +455,7 @@ def test_plot_title_does_not_overlap_the_panel_titles(tmp_path, monkeypatch):
     """The figure's title ("physjax poisson, …") was drawn over the two-line panel titles of
     a 3-D solve ("… at z = 1.12 m"): tight_layout left it no room; a failed run's two-line
     title came as close."""
-    import matplotlib.pyplot as plt
-
-    figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
-    png = str(tmp_path / "p.png")
-    code, out = _poisson(tmp_path, "--n", "16", "--nz", "8", "--lz", "2", "--plot", png)
-    assert code == 0
-    fig = figures[-1]
-    renderer = fig.canvas.get_renderer()
+    fig, renderer = _plotted_figure(tmp_path, monkeypatch, "--n", "16", "--nz", "8", "--lz", "2")
     top = fig._suptitle.get_window_extent(renderer)
     panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
     assert len(panels) == 3
@@ -465,15 +470,7 @@ def test_plot_colour_bars_are_as_tall_as_their_panels(tmp_path, monkeypatch, nx,
     colour bar was sized by the panel's slot: a bar up to twice the height of the field it
     keys, with blank space above and below the panel. Each bar now spans its panel exactly,
     beside it, and the figure is no taller than the panels need."""
-    import matplotlib.pyplot as plt
-
-    figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
-    png = str(tmp_path / "p.png")
-    code, _ = _poisson(tmp_path, "--nx", nx, "--ny", ny, "--lx", lx, "--plot", png)
-    assert code == 0
-    fig = figures[-1]
-    renderer = fig.canvas.get_renderer()
+    fig, renderer = _plotted_figure(tmp_path, monkeypatch, "--nx", nx, "--ny", ny, "--lx", lx)
     panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
     assert len(panels) == 3
     for ax in panels:
@@ -493,15 +490,9 @@ def test_plot_of_a_tall_domain_leaves_no_blank_columns_between_its_panels(tmp_pa
     """A domain 3 times taller than wide keeps its true proportions in a narrow panel, each
     left alone in a third of a 15.6-inch figure, blank columns of 3 inches between them;
     the figure is now as wide as the panels with their titles, labels and bars need."""
-    import matplotlib.pyplot as plt
-
-    figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
-    png = str(tmp_path / "p.png")
-    code, _ = _poisson(tmp_path, "--nx", "8", "--ny", "24", "--lx", "0.333", "--plot", png)
-    assert code == 0
-    fig = figures[-1]
-    renderer = fig.canvas.get_renderer()
+    fig, renderer = _plotted_figure(
+        tmp_path, monkeypatch, "--nx", "8", "--ny", "24", "--lx", "0.333"
+    )
     panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
     boxes = [ax.get_tightbbox(renderer) for ax in panels]
     assert all(ax.get_aspect() == 1 for ax in panels)
