@@ -112,16 +112,30 @@ def test_shift_solves_the_helmholtz_problem(tmp_path, rhs_file):
         assert ds.attrs["rhs_mean_removed"] == 0.0
 
 
-def test_methods_agree_and_3d_runs_on_devices(tmp_path):
+def test_methods_agree_and_3d_runs_on_devices(tmp_path, monkeypatch):
     args = ["--case", "dirichlet", "--n", "16", "--nz", "16"]
-    sols = {}
-    for method, devices in (("spectral", "1"), ("cg", "2x2x1"), ("multigrid", "4")):
+    sols, solved, solve = {}, [], PoissonSolver.solve
+
+    def spy(self, *a, **k):
+        sol = solve(self, *a, **k)
+        solved.append((sol.u.sharding.shard_shape(sol.u.shape), len(sol.u.sharding.device_set)))
+        return sol
+
+    monkeypatch.setattr(PoissonSolver, "solve", spy)
+    # 2x2x1 is z×y×x; 4 devices on a 3-D grid are make_mesh's 1x2x2 (columns whole)
+    for method, devices, blocks, used in (
+        ("spectral", "1", (16, 16, 16), 1),
+        ("cg", "2x2x1", (8, 8, 16), 4),
+        ("multigrid", "4", (16, 8, 8), 4),
+    ):
         code, out = _poisson(
             tmp_path, *args, "--method", method, "--devices", devices, name=f"{method}.h5"
         )
         assert code == 0
+        assert solved.pop() == (blocks, used), method  # split as asked, not on one device
         with xr.open_dataset(out) as ds:
             assert ds["u"].dims == ("z", "y", "x")
+            assert json.loads(ds.attrs["configuration"])["method"] == method
             sols[method] = np.asarray(ds["u"])
     scale = np.abs(sols["spectral"]).max()
     for method in ("cg", "multigrid"):
