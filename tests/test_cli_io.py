@@ -399,13 +399,23 @@ def test_cpu_allocator_tuning():
     assert disabled.stdout.strip() == "False"
 
 
-def test_devices_from_config_file(tmp_path, capsys):
+def test_devices_from_config_file(tmp_path, capsys, monkeypatch):
+    meshes, advance = [], ShallowWater.advance
+
+    def spy(self, *a, mesh=None, **k):
+        meshes.append(None if mesh is None else dict(mesh.shape))
+        return advance(self, *a, mesh=mesh, **k)
+
+    monkeypatch.setattr(ShallowWater, "advance", spy)
     cfg = tmp_path / "d.toml"
     cfg.write_text('case = "gravity-wave"\nn = 16\nt_end = 3600.0\ndevices = "2x2"\n')
     out = tmp_path / "d.h5"
     assert main(["shallow-water", "--config", str(cfg), "--output", str(out), "--quiet"]) == 0
     with xr.open_dataset(out) as ds:
         assert '"devices": [2, 2]' in ds.attrs["configuration"]
+    # the run itself was split so, not only recorded as asked for
+    assert meshes and all(m == {"y": 2, "x": 2} for m in meshes), meshes
+    meshes.clear()
     # --resume with the same config (devices spelled "2x2", stored as [2, 2]) continues
     part = tmp_path / "p.h5"
     cfg.write_text(
@@ -416,6 +426,8 @@ def test_devices_from_config_file(tmp_path, capsys):
     assert main(["shallow-water", "--config", str(cfg), "--resume"]) == 0
     with xr.open_dataset(part) as ds:
         assert ds.attrs["status"] == "complete"
+    assert meshes and all(m == {"y": 2, "x": 2} for m in meshes), meshes
+    meshes.clear()
     # 4 devices are make_mesh's 2x2: the same layout, written another way (no remark)
     with h5py.File(part, "a") as f:
         f.attrs["status"] = "interrupted: by hand"
