@@ -1326,7 +1326,9 @@ def test_resume_refuses_a_last_frame_it_cannot_continue(tmp_path, capsys, variab
 
 
 @pytest.mark.parametrize("began, then, shown", [("2x2", "1", "1x1"), ("1", "4x1", "4x1")])
-def test_resume_continues_on_another_device_layout(tmp_path, capsys, began, then, shown):
+def test_resume_continues_on_another_device_layout(
+    tmp_path, capsys, monkeypatch, began, then, shown
+):
     """A run begun on one layout goes on on another (a 4-GPU job resumed on one GPU): the
     result equals the uninterrupted run to round-off, the file's history and stderr say
     where it changed, and the stored configuration keeps the layout it began with."""
@@ -1338,7 +1340,17 @@ def test_resume_continues_on_another_device_layout(tmp_path, capsys, began, then
                  "--max-frames", "2"]) == 0  # fmt: skip
     capsys.readouterr()
     resume = ["--output", str(part), "--resume", "--devices", then, "--quiet"]
+    meshes, advance = [], ShallowWater.advance
+
+    def spy(self, *a, mesh=None, **k):
+        meshes.append(None if mesh is None else dict(mesh.shape))
+        return advance(self, *a, mesh=mesh, **k)
+
+    monkeypatch.setattr(ShallowWater, "advance", spy)
     assert main(["shallow-water", *resume]) == 0
+    # the rest of the run went on on the new layout, not only said so
+    expected = None if then == "1" else {"y": 4, "x": 1}
+    assert meshes and all(m == expected for m in meshes), meshes
     err = capsys.readouterr().err
     assert "resumed at step 8 (t = " in err
     was = "2x2" if began == "2x2" else "1x1"
