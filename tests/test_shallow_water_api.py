@@ -380,6 +380,11 @@ def test_a_state_committed_to_one_device_runs_on_a_mesh(gyre):
     assert _max_diff(got, jax.tree.map(lambda a: a[-1], ref)) <= 1e-12
     sol = m.solve_diffrax(on3, 0.0, 2 * dt, mesh=mesh)
     assert _max_diff(sol.ys, m.solve_diffrax(s, 0.0, 2 * dt).ys) <= 1e-12
+    # each result split over the mesh's 4 devices, not left on device 3 (the values alone
+    # are the same on one device)
+    for h in (out.h, got.h, sol.ys.h):
+        assert h.sharding.shard_shape(h.shape)[-2:] == (8, 8), h.sharding
+        assert len(h.sharding.device_set) == 4
 
 
 # --------------------------------------------------------------------------- 9. bad states
@@ -944,6 +949,11 @@ def test_vmap_of_solve_diffrax_on_a_mesh_equals_a_loop(gyre):
     one = jax.tree.map(lambda *a: jnp.stack(a), *[o.states for o in one])
     assert _max_diff(ran, one) <= 1e-12
     assert _max_diff(adv, jax.tree.map(lambda a: a[:, -1], one)) <= 1e-12
+    # and each batch is split over the mesh like the grid, the batch axis whole (equal
+    # values alone are what one device gives too)
+    for h in (out.h, ran.h, adv.h):
+        assert h.sharding.shard_shape(h.shape) == (*h.shape[:-2], 8, 8), (h.shape, h.sharding)
+        assert len(h.sharding.device_set) == 4
     # shard itself under vmap and jit: the batch axis stays whole, the grid axes split
     x = jnp.ones((3, 2, *m.grid.shape))
     for placed in (
