@@ -354,6 +354,8 @@ def test_sharded_equals_single_device(case_name, layout):
     # chunked advance on the mesh matches too
     s1 = m.advance(s, t0=0.0, dt=dt, n_steps=40, mesh=mesh)
     assert float(jnp.max(jnp.abs(s1.h - ref.states.h[-1]))) <= 1e-12 * float(jnp.max(s.h))
+    assert s1.h.sharding.shard_shape(s1.h.shape) == (32 // layout[0], 32 // layout[1])
+    assert len(s1.h.sharding.device_set) == 4
 
 
 def test_mesh_that_does_not_divide_grid_raises():
