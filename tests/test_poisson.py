@@ -488,6 +488,9 @@ def test_grad_wrt_coefficient_on_a_mesh_equals_one_device():
     one = jax.grad(loss)(a0, None)
     many = jax.grad(loss)(a0, make_mesh((2, 2), 2))
     assert _rel(many, one) <= 1e-10
+    # differentiated on the mesh: the gradient comes back split like the grid
+    assert many.sharding.shard_shape(many.shape) == (8, 8)
+    assert len(many.sharding.device_set) == 4
 
 
 @pytest.mark.parametrize("method", ["spectral", "cg"])
