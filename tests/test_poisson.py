@@ -1627,8 +1627,11 @@ def test_implicit_diffusion_stepper_differentiates_through_warm_started_solves()
     grad = float(jax.grad(final)(nu))
     fd = float((final(nu * (1 + 1e-5)) - final(nu * (1 - 1e-5))) / (2e-5 * nu))
     assert abs(grad / fd - 1) <= 1e-7, (grad, fd)
-    on_mesh = float(jax.grad(lambda n: final(n, make_mesh((2, 2), 2)))(nu))
+    mesh = make_mesh((2, 2), 2)
+    on_mesh = float(jax.grad(lambda n: final(n, mesh))(nu))
     assert abs(on_mesh / grad - 1) <= 1e-12, (on_mesh, grad)
+    # and the derivative's solves ran split over the mesh (one device gives the same number)
+    assert "shard_map" in str(jax.make_jaxpr(jax.grad(lambda n: final(n, mesh)))(nu))
 
 
 def test_a_constant_coefficient_may_be_one_number():
