@@ -95,7 +95,9 @@ def test_every_case_takes_drag_and_viscosity(name):
 
 def test_drag_on_a_case_takes_energy_out():
     """Linear drag r on the balanced jet: total energy falls at the rate 2r KE (dE/dt =
-    -r ∫h|u|²), while the undamped jet keeps it to round-off."""
+    -r ∫h|u|²), so KE (all the energy that changes) as exp(-2rt), while the undamped jet
+    keeps it to round-off. Measured 8.5e-4 from the exponential; the linear rate alone
+    was 2.8e-3 off (KE falls by 0.7% over the run), and its 2% let a drag 1.5% off pass."""
     r = 1e-7
     steady = make_case("zonal-jet", nx=32, ny=16, precision="float64")
     damped = make_case("zonal-jet", nx=32, ny=16, precision="float64", drag=r)
@@ -107,8 +109,8 @@ def test_drag_on_a_case_takes_energy_out():
     for key, case in (("steady", steady), ("damped", damped)):
         final = jax.tree.map(lambda a: a[-1], case.model.run(s0, dt=dt, n_steps=100).states)
         change[key] = float(case.model.energy(final) - case.model.energy(s0))
-    expected = -2 * r * kinetic * 100 * dt
-    assert abs(change["damped"] / expected - 1) <= 0.02, (change, expected)
+    expected = kinetic * np.expm1(-2 * r * 100 * dt)
+    assert abs(change["damped"] / expected - 1) <= 3e-3, (change, expected)
     assert abs(change["steady"]) <= 1e-6 * abs(expected)
 
 
