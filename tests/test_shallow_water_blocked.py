@@ -324,7 +324,8 @@ def test_strips_sharded_run_equals_one_device():
     out = blocked.run(s, dt=dt, n_steps=20, mesh=make_mesh((2, 2)))
     for a, b in zip(jax.tree.leaves(ref.states), jax.tree.leaves(out.states)):
         assert float(jnp.max(jnp.abs(a - b))) <= 1e-12
-    # run on the mesh (blocks of 24 rows, three strips of 8 each), not on one device
+    # run on the mesh, not on one device (each block of 24 rows is stepped unblocked there:
+    # strips are a one-device optimisation, as the strip_rows docstring says)
     h = out.states.h
     assert h.sharding.shard_shape(h.shape) == (1, NY // 2, NX // 2)
     assert len(h.sharding.device_set) == 4
