@@ -17,8 +17,9 @@ import pytest
 from physjax.grids import CENTRE, Grid
 from physjax.parallel import make_mesh
 from physjax.solvers import ShallowWater
-from physjax.solvers.shallow_water import make_case
+from physjax.solvers.shallow_water import _model, make_case
 from physjax.solvers.shallow_water._blocked import auto_strip_rows
+from physjax.solvers.shallow_water._model import _strip_plan
 
 NY, NX = 48, 40
 
@@ -43,6 +44,36 @@ def assert_same_bits(a, b):
         tol = {np.float64: 1e-12, np.float32: 2e-6}[a.dtype.type]
         assert a.shape == b.shape and a.dtype == b.dtype
         assert np.max(np.abs(a - b)) <= tol * np.max(np.abs(a)), np.max(np.abs(a - b))
+
+
+def _jaxpr(fn, state):
+    return str(jax.make_jaxpr(fn)(state))
+
+
+def assert_strips_taken(plain, blocked, state, dt, several=False):
+    """``blocked`` advances in strips: its step is not the plain step, and (``several``) a
+    run of ``strip_steps`` steps takes them in one visit of each strip (the S-step strip
+    function is traced, not S single steps). The comparisons of this file would pass
+    between two plain runs: with the strips skipped (no strip rows in ``_stepper``) every
+    test here passed, and with one step per visit (no block) every test of several."""
+    rows, steps = _strip_plan(blocked)
+    assert rows > 0, "no strips planned"
+    plain_step = _jaxpr(lambda st: plain.step(st, dt), state)
+    assert _jaxpr(lambda st: blocked.step(st, dt), state) != plain_step, "plain step taken"
+    if several:
+        assert steps > 1
+        traced, real = [], _model.blocked_ssprk3_steps
+
+        def spy(*args, **kwargs):
+            traced.append(1)
+            return real(*args, **kwargs)
+
+        _model.blocked_ssprk3_steps = spy
+        try:  # traced afresh, on one device
+            _jaxpr(lambda st: _model._advance.__wrapped__(blocked, st, 0.0, dt, steps, None), state)
+        finally:
+            _model.blocked_ssprk3_steps = real
+        assert traced, "one step per visit was taken"
 
 
 def _setup(periodic, dtype="float64", bottom=False, wind=False, seed=1, **kw):
@@ -87,6 +118,7 @@ CASES = [
 def test_strips_equal_plain_step_bit_for_bit(periodic, m, kw, check_step):
     plain, s, dt = _setup(periodic, **kw)
     blocked = dataclasses.replace(plain, strip_rows=m, strip_steps=1)
+    assert_strips_taken(plain, blocked, s, dt)
     sol_a = plain.run(s, dt=dt, n_steps=30, save_every=10)
     sol_b = blocked.run(s, dt=dt, n_steps=30, save_every=10)
     for a, b in zip(jax.tree.leaves(sol_a.states), jax.tree.leaves(sol_b.states)):
@@ -118,13 +150,12 @@ def test_strips_of_several_steps_equal_plain_steps(periodic, m, kw, check_step):
     the steps): the plain steps' result to round-off, with frames of 10 steps = blocks of
     ``S`` steps and single steps for the rest."""
     steps = min(3, m // 3)
-    from physjax.solvers.shallow_water._model import _strip_plan
-
     plain, s, dt = _setup(periodic, **kw)
     a = plain.run(s, dt=dt, n_steps=30, save_every=10).states
     # the default for strips of m rows is min(3, m // 3) steps per visit
     blocked = dataclasses.replace(plain, strip_rows=m)
     assert _strip_plan(blocked) == (m, steps)
+    assert_strips_taken(plain, blocked, s, dt, several=True)
     b = blocked.run(s, dt=dt, n_steps=30, save_every=10).states
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         x, y = np.asarray(x), np.asarray(y)
@@ -160,6 +191,7 @@ def test_strips_that_do_not_divide_the_grid_equal_plain_steps(periodic, m, kw, s
     assert float(jnp.max(jnp.abs(a.h[-1] - s.h))) > 1e-3
     for steps in steps_per_visit:
         blocked = dataclasses.replace(plain, strip_rows=m, strip_steps=steps)
+        assert_strips_taken(plain, blocked, s, dt)
         b = blocked.run(s, dt=dt, n_steps=12, save_every=6).states
         for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
             x, y = np.asarray(x), np.asarray(y)
@@ -183,6 +215,7 @@ def test_strips_keep_the_spacing_of_any_grid(ny, Ly, m):
     a = plain.run(s, dt=dt, n_steps=6, save_every=6).states
     for steps in (1, m // 3):
         b = dataclasses.replace(plain, strip_rows=m, strip_steps=steps)
+        assert_strips_taken(plain, b, s, dt)
         b = b.run(s, dt=dt, n_steps=6, save_every=6).states
         for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
             x, y = np.asarray(x), np.asarray(y)
@@ -202,6 +235,7 @@ def test_one_strip_of_the_whole_walled_grid(ny, steps):
     dt = 0.5 * plain.max_stable_dt(s)
     a = plain.run(s, dt=dt, n_steps=2 * steps, save_every=2 * steps).states
     b = dataclasses.replace(plain, strip_rows=ny, strip_steps=steps)
+    assert_strips_taken(plain, b, s, dt)
     b = b.run(s, dt=dt, n_steps=2 * steps, save_every=2 * steps).states
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
         x, y = np.asarray(x), np.asarray(y)
@@ -212,6 +246,7 @@ def test_strips_float32_and_mass():
     plain, s, dt = _setup((False, True), dtype="float32", **FULL)
     one = dataclasses.replace(plain, strip_rows=12, strip_steps=1)
     blocked = dataclasses.replace(plain, strip_rows=12)  # three steps per visit
+    assert_strips_taken(plain, blocked, s, dt)
     a = plain.advance(s, t0=0.0, dt=dt, n_steps=50)
     b = blocked.advance(s, t0=0.0, dt=dt, n_steps=50)
     assert b.h.dtype == jnp.float32
@@ -241,6 +276,7 @@ cases = [  # (periodic, strip rows, parameters, steps, dtype)
 for periodic, m, kw, n, dtype in cases:
     plain, s, dt = t._setup(periodic, dtype=dtype, **kw)
     blocked = dataclasses.replace(plain, strip_rows=m, strip_steps=1)
+    t.assert_strips_taken(plain, blocked, s, dt)
     a = plain.advance(s, t0=0.0, dt=dt, n_steps=n)
     b = blocked.advance(s, t0=0.0, dt=dt, n_steps=n)
     assert float(jax.numpy.max(jax.numpy.abs(a.h - s.h))) > 1e-3
@@ -283,6 +319,8 @@ def test_strips_mass_conserved_barotropic_instability():
     case = make_case("barotropic-instability", nx=64, ny=32, precision="float64")
     m = dataclasses.replace(case.model, strip_rows=8)
     s = case.state
+    plain = dataclasses.replace(case.model, strip_rows=0)
+    assert_strips_taken(plain, m, s, m.max_stable_dt(s, 0.5))
     out = m.advance(s, t0=0.0, dt=m.max_stable_dt(s, 0.5), n_steps=500)
     assert abs(float((m.mass(out) - m.mass(s)) / m.mass(s))) <= 1e-12
     assert float(jnp.max(jnp.abs(out.v))) > 1e-3
@@ -307,6 +345,7 @@ def test_strips_grad_matches_finite_difference():
 def test_strips_vmap_equals_loop():
     plain, s, dt = _setup((False, True), beta=1e-11, drag=1e-6)
     blocked = dataclasses.replace(plain, strip_rows=8)
+    assert_strips_taken(plain, blocked, s, dt)
     amps = jnp.array([0.5, 1.0, 2.0])
     states = jax.vmap(lambda a: jax.tree.map(lambda f: f * a, s))(amps)
     batched = jax.vmap(lambda st: blocked.advance(st, t0=0.0, dt=dt, n_steps=3))(states)
@@ -320,6 +359,7 @@ def test_strips_vmap_equals_loop():
 def test_strips_sharded_run_equals_one_device():
     plain, s, dt = _setup((False, True), **FULL)
     blocked = dataclasses.replace(plain, strip_rows=8)
+    assert_strips_taken(plain, blocked, s, dt)  # on one device
     ref = blocked.run(s, dt=dt, n_steps=20)
     out = blocked.run(s, dt=dt, n_steps=20, mesh=make_mesh((2, 2)))
     for a, b in zip(jax.tree.leaves(ref.states), jax.tree.leaves(out.states)):
