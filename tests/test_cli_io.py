@@ -877,19 +877,30 @@ def test_resume_with_another_physjax_version_is_noted(tmp_path, capsys):
         assert note in ds.attrs["history"] and ds.attrs["history"].count("resumed at") == 2
 
 
-def test_param_drag_on_a_case_without_it(tmp_path, capsys):
+def test_param_drag_on_a_case_without_it(tmp_path, capsys, monkeypatch):
     """`--param drag=...` on any case (it was an unknown parameter of the geostrophic
-    adjustment); the file records it, and a resume must give the same."""
+    adjustment); the run's model has it, the file records it, and a resume must give the
+    same."""
+    drags, advance = [], ShallowWater.advance
+
+    def spy(self, *a, **k):
+        drags.append(None if self.drag is None else float(self.drag))
+        return advance(self, *a, **k)
+
+    monkeypatch.setattr(ShallowWater, "advance", spy)
     out = tmp_path / "d.h5"
     args = ["shallow-water", "--n", "16", "--t-end", "20000", "--quiet", "--output", str(out)]
     assert main([*args, "--param", "drag=1e-5", "--max-frames", "1"]) == 0
+    assert drags and drags == pytest.approx([1e-5] * len(drags), rel=1e-6)  # the model ran with it
     with xr.open_dataset(out) as ds:
         assert ds.attrs["parameter_drag"] == 1e-5 and ds.attrs["parameter_viscosity"] == 0.0
     capsys.readouterr()
     resume = ["shallow-water", "--resume", "--quiet", "--output", str(out)]
     assert main([*resume, "--param", "drag=2e-5"]) == 2
     assert "drag" in capsys.readouterr().err
+    drags.clear()
     assert main(resume) == 0
+    assert drags and drags == pytest.approx([1e-5] * len(drags), rel=1e-6)  # resumed with it
     with xr.open_dataset(out) as ds:
         assert ds.attrs["status"] == "complete"
 
