@@ -699,8 +699,14 @@ def _check_overwrite(output: str, overwrite: bool, command: str = "shallow-water
         return None
     try:
         attrs = read_attrs(output)
-    except ValueError:
-        attrs = {}
+    except (ValueError, OSError) as e:  # damaged, truncated, not HDF5, or held by a writer
+        if "file signature not found" in str(e):  # not HDF5: not a physjax file
+            attrs = {}
+        else:
+            raise ValueError(
+                f"--output {output!r} exists and {_unreadable(e, output)}; it is left as it "
+                f"is. Pass --overwrite to replace it, or give another --output"
+            ) from None
     status = attrs.get("status") if "physjax_version" in attrs else None
     if not isinstance(status, str):
         raise ValueError(
@@ -724,6 +730,28 @@ def _check_overwrite(output: str, overwrite: bool, command: str = "shallow-water
             f"or pass --overwrite to replace them"
         )
     return f"replacing the {stored} run in {output} (case {attrs.get('case', '?')}, {status})"
+
+
+def _unreadable(e: BaseException, path: str) -> str:
+    """Why ``path`` could not be read, from the error of ``read_attrs``: "is not a
+    NetCDF4/HDF5 file", "cannot be read (…)" for a damaged or truncated one, or "is locked"."""
+    from .io._reading import error_text
+
+    if isinstance(e, BlockingIOError):
+        return "is locked by another process writing it"
+    text = error_text(e)
+    for prefix in (f"cannot read {path!r} as a NetCDF4/HDF5 file: ", f"cannot read {path!r}: "):
+        text = text.removeprefix(prefix)
+    return f"cannot be read: it is damaged or truncated ({text})"
+
+
+def _unresumable(e: BaseException) -> ValueError:
+    """The error of ``--resume`` for a file that cannot be read (nothing written to it)."""
+    return ValueError(
+        f"--resume: {e}; the file is damaged or truncated (or not a physjax output file) "
+        f"and its run cannot be continued: it is left as it is. Start a new run with another "
+        f"--output, or replace it with --overwrite"
+    )
 
 
 #: Settings of a case that the command line sets with options of their own, not --param.
@@ -805,7 +833,10 @@ def _run_shallow_water(
         if not os.path.lexists(output):
             raise ValueError(f"--resume: {output!r} does not exist; there is no run to continue")
         held.enter_context(output_lock(output))
-        attrs = read_attrs(output)
+        try:  # no physjax run writes it (the lock is held): an error that lasts
+            attrs = read_attrs(output)
+        except (ValueError, OSError) as e:
+            raise _unresumable(e) from None
         stored = attrs.get("configuration")
         if not isinstance(stored, dict) or stored.get("command") != "shallow-water":
             raise ValueError(f"--resume: {output!r} was not written by physjax shallow-water")
@@ -1016,7 +1047,10 @@ def _run_shallow_water(
 
     with _StopRequest() as stop:
         if resume:
-            last = read_frame(output)
+            try:
+                last = read_frame(output)
+            except (ValueError, OSError) as e:
+                raise _unresumable(e) from None
             step = float(last["step"])
             if not (0 <= step <= n_steps and step.is_integer()):  # a damaged file
                 raise ValueError(

@@ -1684,3 +1684,57 @@ def test_resume_with_no_plot_draws_no_picture_where_the_run_had_one(tmp_path, ca
     with xr.open_dataset(out) as ds:
         assert ds.attrs["status"] == "complete" and ds.sizes["time"] == 7
     assert list(elsewhere.iterdir()) == [] and list((began / "figs").iterdir()) == []
+
+
+def _damaged_copies(out, tmp_path):
+    """Copies of the physjax file ``out``: an object header overwritten, the root group's
+    header zeroed, and the file cut in half."""
+    data = out.read_bytes()
+    with h5py.File(out, "r") as f:
+        header = h5py.h5o.get_info(f["time"].id).addr
+        root = h5py.h5o.get_info(f.id).addr
+    copies = {}
+    for name, start, filler in (("header", header, b"\xff"), ("root", root, b"\x00")):
+        d = bytearray(data)
+        d[start : start + 40] = filler * 40
+        copies[name] = bytes(d)
+    copies["truncated"] = data[: len(data) // 2]
+    paths = []
+    for name, content in copies.items():
+        p = tmp_path / f"damaged {name}.h5"  # a space in the name, too
+        p.write_bytes(content)
+        paths.append(p)
+    return paths
+
+
+def test_a_damaged_file_is_neither_resumed_nor_replaced_and_says_so(tmp_path, capsys):
+    """--resume of a damaged or truncated file, and a new run whose --output is one, stop
+    with one line naming the file and what to do (exit 2), the file untouched. A damaged
+    object header used to escape as a traceback (h5py's KeyError; a damaged root group
+    also printed "Exception ignored … AttributeError" from h5netcdf's cleanup)."""
+    import gc
+
+    code, out = _run(tmp_path, "--max-frames", "1")
+    assert code == 0
+    for path in _damaged_copies(out, tmp_path):
+        before = path.read_bytes()
+        capsys.readouterr()
+        argv = ["shallow-water", *FAST, "--output", str(path)]
+        assert main([*argv, "--resume"]) == 2
+        gc.collect()
+        err = capsys.readouterr().err
+        assert err.startswith(f"physjax shallow-water: error: --resume: cannot read {str(path)!r}")
+        assert "the file is damaged or truncated" in err
+        assert "it is left as it is. Start a new run with another --output, or replace it" in err
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert main(argv) == 2
+        gc.collect()
+        err = capsys.readouterr().err
+        assert err.startswith(
+            f"physjax shallow-water: error: --output {str(path)!r} exists and cannot be read: "
+            "it is damaged or truncated ("
+        )
+        assert err.rstrip().endswith("Pass --overwrite to replace it, or give another --output")
+        assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert path.read_bytes() == before
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".lock")]

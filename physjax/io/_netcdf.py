@@ -49,6 +49,7 @@ import numpy as np
 from .. import __version__
 from ..grids import Grid, Stagger
 from ..grids._grid import check_location
+from ._reading import error_text
 
 STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"
@@ -557,8 +558,10 @@ class NetCDFWriter:
                     line = f"{stamp:%Y-%m-%dT%H:%M:%SZ}: {history}"
                     before = _decode(f.attrs.get("history", ""))
                     f.attrs["history"] = f"{before}\n{line}" if before else line
-        except OSError as e:
-            raise ValueError(f"cannot resume: {path!r} cannot be opened for writing: {e}") from None
+        except (OSError, KeyError, RuntimeError) as e:  # KeyError, RuntimeError: damaged
+            raise ValueError(
+                f"cannot resume: {path!r} cannot be opened for writing: {error_text(e)}"
+            ) from None
         return w
 
 
@@ -664,6 +667,41 @@ def _open_for_reading(path: str) -> h5netcdf.File:
                 "try again in a moment",
             ) from None
         raise ValueError(f"cannot read {path!r} as a NetCDF4/HDF5 file: {e}") from None
+    except (KeyError, RuntimeError) as e:
+        # h5py's error for a damaged object header or link table met while h5netcdf walks
+        # the file: the File it leaves half built is closed here, where its own close
+        # (at garbage collection) would print "Exception ignored … AttributeError"
+        _close_half_built(e)
+        raise ValueError(f"cannot read {path!r} as a NetCDF4/HDF5 file: {error_text(e)}") from None
+
+
+def _close_half_built(e: BaseException) -> None:
+    tb = e.__traceback__
+    while tb is not None:
+        f = tb.tb_frame.f_locals.get("self")
+        if isinstance(f, h5netcdf.File) and not hasattr(f, "_writable"):
+            h5 = getattr(f, "_File__h5file", None)
+            with contextlib.suppress(Exception):
+                if h5 is not None:
+                    h5.close()
+            f._closed = True
+        tb = tb.tb_next
+
+
+@contextlib.contextmanager
+def _reading(path: str):
+    """``path`` opened read-only, where an HDF5 error met
+    while reading it (a damaged or truncated file: h5py's ``KeyError``, ``RuntimeError``
+    or ``OSError``) becomes a ``ValueError`` naming the file. A ``BlockingIOError`` (a
+    writer holds the file) passes unchanged. The HDF5 error stays the ``__context__`` of
+    the ``ValueError``, where [`physjax.io.read_retrying`][] looks for one that passes."""
+    try:
+        with _open_for_reading(path) as f:
+            yield f
+    except BlockingIOError:
+        raise
+    except (KeyError, RuntimeError, OSError) as e:
+        raise ValueError(f"cannot read {path!r}: {error_text(e)}") from None
 
 
 def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
@@ -671,7 +709,7 @@ def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
     Raises ``ValueError`` for a path that is missing, not a NetCDF4/HDF5 file or has a
     malformed attribute, ``BlockingIOError`` while a frame is being appended."""
     path = os.fspath(path)
-    with _open_for_reading(path) as f:
+    with _reading(path) as f:
         attrs = {k: _decode(v) for k, v in f.attrs.items()}
         attrs["n_frames"] = _complete_frames(f, path) if "time" in f.dimensions else 0
     for key in ("configuration", "parameters"):
@@ -702,7 +740,7 @@ def read_frame(path: str | os.PathLike, index: int = -1) -> dict[str, Any]:
     path = os.fspath(path)
     if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
         raise TypeError(f"index must be an integer frame number, got {index!r}")
-    with _open_for_reading(path) as f:
+    with _reading(path) as f:
         if "time" not in f.dimensions:
             raise ValueError(f"{path!r} has no time axis: not a physjax output file with frames")
         n = _complete_frames(f, path)
