@@ -323,7 +323,11 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
             if count == 0:
                 raise ValueError(f"--{option}: {spec} has no frame (time dimension of size 0)")
             if not -count <= index < count:
-                raise ValueError(f"--frame {frame} is out of range: {spec} has {count} frames")
+                from ._plot import frames_text
+
+                raise ValueError(
+                    f"--frame {frame} is out of range: {spec} has {frames_text(count)}"
+                )
             index = index % count  # counted from the last complete frame
             data = _decode_cf(ds, np.asarray(ds[index]), option, spec)
             if coords[0] is not None:

@@ -79,6 +79,13 @@ def _read_frame(path: str | os.PathLike, frame: int | None):
     return read_retrying(shown, read)
 
 
+def frames_text(n: int) -> str:
+    """``n`` frames and the ``--frame`` values that pick one: "3 frames (0 to 2, or -1 to -3
+    from the last)"; for one frame "1 frame (0, or -1)"."""
+    which = f"0 to {n - 1}, or -1 to -{n} from the last" if n > 1 else "0, or -1"
+    return f"{n} frame{'s' if n != 1 else ''} ({which})"
+
+
 def _select(ds, shown: str, frame: int | None):
     if "time" in ds.dims:
         frame = -1 if frame is None else frame
@@ -87,12 +94,7 @@ def _select(ds, shown: str, frame: int | None):
         if n == 0:
             raise ValueError(f"{shown!r} holds no frame to plot")
         if not -n <= frame < n:
-            # one frame: "(0, or -1)", not "(0 to 0, or -1 to -1 from the last)"
-            which = f"0 to {n - 1}, or -1 to -{n} from the last" if n > 1 else "0, or -1"
-            raise ValueError(
-                f"--frame {frame} is out of range: {shown!r} has {n} frame"
-                f"{'s' if n != 1 else ''} ({which})"
-            )
+            raise ValueError(f"--frame {frame} is out of range: {shown!r} has {frames_text(n)}")
         return ds.isel(time=frame % n)
     if frame is not None:
         raise ValueError(

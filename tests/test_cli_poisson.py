@@ -889,7 +889,11 @@ def test_rhs_skips_an_incomplete_trailing_frame(tmp_path, capsys):
         tmp_path, "--rhs", f"{src}:forcing", "--bc", "dirichlet", "--frame", "2", name="f2.h5"
     )
     assert code == 2 and not out.exists()
-    assert "--frame 2 is out of range" in capsys.readouterr().err
+    # the valid range, worded as physjax plot --frame words it
+    assert (
+        f"--frame 2 is out of range: {src}:forcing has 2 frames (0 to 1, or -1 to -2 from the "
+        "last)" in capsys.readouterr().err
+    )
 
 
 def test_output_replaces_a_physjax_file_but_not_someone_elses(tmp_path, capsys):
