@@ -855,3 +855,18 @@ def test_plot_vars_refuses_what_it_cannot_draw_and_lists_what_it_can(tmp_path, c
         if "cannot draw" in says:
             assert err.rstrip().endswith(f"a panel shows a variable of (y, x) or (z, y, x); {can}")
     assert not png.exists()
+
+
+@pytest.mark.parametrize("command", [["shallow-water", "--n", "16"], ["poisson", "--n", "16"]])
+def test_an_output_ending_with_a_slash_is_named_a_missing_folder(tmp_path, capsys, command):
+    """--output new/ (a folder meant, and none there) said "'new/' is not writable: Is a
+    directory"; it now says the name ends with '/' and that the folder does not exist."""
+    out = str(tmp_path / "new") + "/"
+    code, err = _error(capsys, [*command, "--quiet", "--output", out])
+    assert code == 2 and err.count("\n") == 1, err
+    assert (
+        f"--output {out!r} ends with '/', so names a folder, and folder {out[:-1]!r} does not "
+        f"exist; give a file name like out.h5, or create the folder and give "
+        f"{out + 'out.h5'!r}" in err
+    )
+    assert os.listdir(tmp_path) == []

@@ -224,6 +224,12 @@ def check_writable(path: str | os.PathLike, what: str = "output path") -> None:
     folder = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise ValueError(f"{what} {path!r} is a directory; give a file name like {example}")
+    if path.endswith(("/", os.sep)):  # abspath drops the slash: checked before the folder
+        raise ValueError(
+            f"{what} {path!r} ends with {path[-1]!r}, so names a folder, and folder "
+            f"{path.rstrip('/' + os.sep)!r} does not exist; give a file name like {example}, "
+            f"or create the folder and give {os.path.join(path, example)!r}"
+        )
     if not os.path.isdir(folder):
         raise ValueError(f"{what} {path!r}: folder {folder!r} does not exist")
     if os.path.exists(path) and not os.path.isfile(path):
