@@ -1736,5 +1736,12 @@ def test_a_damaged_file_is_neither_resumed_nor_replaced_and_says_so(tmp_path, ca
         )
         assert err.rstrip().endswith("Pass --overwrite to replace it, or give another --output")
         assert err.count("\n") == 1 and "Traceback" not in err, err
+        assert main(["poisson", "--n", "16", "--quiet", "--output", str(path)]) == 2
+        gc.collect()
+        err = capsys.readouterr().err
+        assert err.startswith(
+            f"physjax poisson: error: --output {str(path)!r} exists and cannot be read: "
+        )
+        assert err.count("\n") == 1 and "Traceback" not in err, err
         assert path.read_bytes() == before
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".lock")]
