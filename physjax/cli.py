@@ -733,8 +733,8 @@ def _check_overwrite(output: str, overwrite: bool, command: str = "shallow-water
 
 
 def _unreadable(e: BaseException, path: str) -> str:
-    """Why ``path`` could not be read, from the error of ``read_attrs``: "is not a
-    NetCDF4/HDF5 file", "cannot be read (…)" for a damaged or truncated one, or "is locked"."""
+    """Why ``path`` could not be read, from the error of ``read_attrs``: "is locked …" while
+    another process writes it, else "cannot be read: it is damaged or truncated (…)"."""
     from .io._reading import error_text
 
     if isinstance(e, BlockingIOError):

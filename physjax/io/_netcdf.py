@@ -696,9 +696,9 @@ def _close_half_built(e: BaseException) -> None:
 
 @contextlib.contextmanager
 def _reading(path: str):
-    """``path`` opened read-only, where an HDF5 error met
-    while reading it (a damaged or truncated file: h5py's ``KeyError``, ``RuntimeError``
-    or ``OSError``) becomes a ``ValueError`` naming the file. A ``BlockingIOError`` (a
+    """``path`` opened read-only, where an HDF5 error met while reading it (a damaged or
+    truncated file: h5py's ``KeyError``, ``RuntimeError`` or ``OSError``) becomes a
+    ``ValueError`` naming the file. A ``BlockingIOError`` (a
     writer holds the file) passes unchanged. The HDF5 error stays the ``__context__`` of
     the ``ValueError``, where [`physjax.io.read_retrying`][] looks for one that passes."""
     try:
@@ -712,8 +712,9 @@ def _reading(path: str):
 
 def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
     """Global attributes of a physjax file, with ``configuration``/``parameters`` decoded.
-    Raises ``ValueError`` for a path that is missing, not a NetCDF4/HDF5 file or has a
-    malformed attribute, ``BlockingIOError`` while a frame is being appended."""
+    Raises ``ValueError`` for a path that is missing, not a NetCDF4/HDF5 file, damaged or
+    truncated, or has a malformed attribute, ``BlockingIOError`` while a frame is being
+    appended."""
     path = os.fspath(path)
     with _reading(path) as f:
         attrs = {k: _decode(v) for k, v in f.attrs.items()}
@@ -741,8 +742,8 @@ def _decode(v):
 def read_frame(path: str | os.PathLike, index: int = -1) -> dict[str, Any]:
     """One complete frame of every time-dependent variable, plus ``time`` and ``step``;
     ``index`` (an integer) counts complete frames only (``-1``: the last). Raises
-    ``ValueError`` for a file that is missing, not NetCDF4/HDF5, or has no time axis,
-    ``BlockingIOError`` while a frame is being appended."""
+    ``ValueError`` for a file that is missing, not NetCDF4/HDF5, damaged or truncated, or
+    has no time axis, ``BlockingIOError`` while a frame is being appended."""
     path = os.fspath(path)
     if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
         raise TypeError(f"index must be an integer frame number, got {index!r}")
