@@ -518,3 +518,35 @@ def test_shard_map_fields_names_a_padded_result():
     good = shard_map_fields(lambda G, f: interior(laplacian(fill_halo(f, G), G), G), g, mesh)
     one = interior(laplacian(fill_halo(a, g), g), g)
     np.testing.assert_allclose(good(a), one, rtol=0, atol=1e-12 * float(jnp.abs(one).max()))
+
+
+@pytest.mark.multidevice
+def test_exchange_halo_checks_its_block_count_width_and_mesh_axis():
+    """num_blocks=2 on a mesh axis of 4 devices exchanged with the wrong neighbours and
+    returned wrong halos without an error; a width wider than the block stopped in
+    lax.slice, and a call outside shard_map with ppermute's "evaluation rule" message."""
+    from jax.sharding import PartitionSpec as P
+
+    from physjax.parallel import exchange_halo
+
+    assert jax.device_count() >= 4, "needs 4 (simulated) devices: see tests/conftest.py"
+    mesh = make_mesh((4, 1))
+    x = jnp.arange(32.0).reshape(8, 4)
+
+    def run(**kwargs):
+        def body(f):
+            return jnp.concatenate(exchange_halo(f, axis=0, axis_name="y", **kwargs))
+
+        return jax.shard_map(body, mesh=mesh, in_specs=P("y", None), out_specs=P("y", None))(x)
+
+    good = np.asarray(run(width=1, num_blocks=4, periodic=True))
+    blocks = np.asarray(x).reshape(4, 2, 4)
+    np.testing.assert_array_equal(good[0::2], np.roll(blocks[:, -1], 1, axis=0))
+    np.testing.assert_array_equal(good[1::2], np.roll(blocks[:, 0], -1, axis=0))
+    with pytest.raises(ValueError, match="num_blocks=2 but the mesh axis 'y' has 4 devices"):
+        run(width=1, num_blocks=2, periodic=True)
+    for width in (0, 3):
+        with pytest.raises(ValueError, match=f"width must be .* 2 cells along axis 0, got {width}"):
+            run(width=width, num_blocks=4, periodic=False)
+    with pytest.raises(ValueError, match=r"needs the mesh axis 'y': call it inside jax.shard_map"):
+        exchange_halo(x, axis=0, width=1, axis_name="y", num_blocks=4, periodic=True)
