@@ -550,3 +550,14 @@ def test_exchange_halo_checks_its_block_count_width_and_mesh_axis():
             run(width=width, num_blocks=4, periodic=False)
     with pytest.raises(ValueError, match=r"needs the mesh axis 'y': call it inside jax.shard_map"):
         exchange_halo(x, axis=0, width=1, axis_name="y", num_blocks=4, periodic=True)
+
+
+def test_on_mesh_refuses_block_counts_that_are_not_whole_numbers():
+    """int() took mesh_shape 2.5 for 2 blocks, and "2" or True for a count."""
+    g = Grid((8, 8), (1.0, 1.0))
+    assert g.on_mesh(("y", "x"), (np.int64(2), 1)).local_shape == (4, 8)
+    for bad in [(2.5, 1), ("2", 1), (True, 1), 2]:
+        with pytest.raises(ValueError, match="mesh_shape must be"):
+            g.on_mesh(("y", "x"), bad)
+        with pytest.raises(ValueError, match="mesh_shape must be"):
+            Grid((8, 8), (1.0, 1.0), mesh_axes=("y", "x"), mesh_shape=bad)

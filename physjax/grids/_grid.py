@@ -64,6 +64,17 @@ def require_enabled_dtype(grid: Grid) -> None:
         )
 
 
+def _block_counts(mesh_shape) -> tuple[int, ...]:
+    """``mesh_shape`` as whole numbers: ``int()`` took 2.5 for 2 and ``"2"`` or ``True`` for
+    a block count."""
+    counts = _as_tuple("mesh_shape", mesh_shape, "block counts, one per axis")
+    if not all(
+        isinstance(m, (int, np.integer)) and not isinstance(m, (bool, np.bool_)) for m in counts
+    ):
+        raise ValueError(f"mesh_shape must be whole numbers of blocks per axis, got {mesh_shape!r}")
+    return tuple(int(m) for m in counts)
+
+
 def _axis_names(ndim: int) -> tuple[str, ...]:
     return AXIS_NAMES_2D if ndim == 2 else AXIS_NAMES_3D
 
@@ -194,7 +205,7 @@ class Grid(eqx.Module):
         self.dtype = dtype
         self.halo = halo
         self.mesh_axes = (None,) * ndim if mesh_axes is None else tuple(mesh_axes)
-        self.mesh_shape = (1,) * ndim if mesh_shape is None else tuple(int(m) for m in mesh_shape)
+        self.mesh_shape = (1,) * ndim if mesh_shape is None else _block_counts(mesh_shape)
         if len(self.mesh_shape) == ndim:  # a decomposition given here, as by on_mesh, divides
             self._check_split()
         spacing = tuple(length / n for length, n in zip(self.extent, self.shape))
@@ -290,7 +301,7 @@ class Grid(eqx.Module):
         """The same grid, decomposed: axis ``k`` split ``mesh_shape[k]`` ways over the mesh
         axis named ``mesh_axes[k]`` (``None``: not split). Raises if the split is uneven."""
         mesh_axes = tuple(mesh_axes)
-        mesh_shape = tuple(int(m) for m in mesh_shape)
+        mesh_shape = _block_counts(mesh_shape)
         if len(mesh_axes) != self.ndim or len(mesh_shape) != self.ndim:
             raise ValueError(
                 f"mesh_axes and mesh_shape need {self.ndim} entries, got {mesh_axes}, {mesh_shape}"
