@@ -561,3 +561,20 @@ def test_on_mesh_refuses_block_counts_that_are_not_whole_numbers():
             g.on_mesh(("y", "x"), bad)
         with pytest.raises(ValueError, match="mesh_shape must be"):
             Grid((8, 8), (1.0, 1.0), mesh_axes=("y", "x"), mesh_shape=bad)
+
+
+@pytest.mark.multidevice
+def test_field_spec_names_a_mesh_of_other_axes_and_a_negative_batch():
+    """field_spec of a 3-D grid on a 2-D mesh stopped with KeyError: 'z', and batch_dims=-1
+    gave the spec of an unbatched field."""
+    from jax.sharding import PartitionSpec as P
+
+    from physjax.parallel import field_spec
+
+    assert jax.device_count() >= 4, "needs 4 (simulated) devices: see tests/conftest.py"
+    grid3 = Grid((4, 8, 8), (1.0, 1.0, 1.0))
+    assert field_spec(grid3, make_mesh((2, 1, 2)), batch_dims=1) == P(None, "z", None, "x")
+    with pytest.raises(ValueError, match=r"named like the grid axes .*make_mesh\(n, ndim=3\)"):
+        field_spec(grid3, make_mesh((2, 2)))
+    with pytest.raises(ValueError, match="batch_dims must be a whole number >= 0, got -1"):
+        field_spec(Grid((8, 8), (1.0, 1.0)), make_mesh((2, 2)), batch_dims=-1)

@@ -110,12 +110,24 @@ def make_mesh(devices: int | Sequence[int] | None = None, ndim: int | None = Non
 
 def field_spec(grid: Grid, mesh: Mesh, batch_dims: int = 0) -> PartitionSpec:
     """PartitionSpec of a field on ``grid`` (with ``batch_dims`` leading axes unsplit)."""
+    _check_mesh_axes(grid, mesh)  # a 2-D mesh for a 3-D grid stopped with KeyError: 'z'
+    if (
+        isinstance(batch_dims, (bool, np.bool_))
+        or not isinstance(batch_dims, (int, np.integer))
+        or batch_dims < 0
+    ):
+        raise ValueError(f"batch_dims must be a whole number >= 0, got {batch_dims!r}")
     axes = tuple(name if mesh.shape[name] > 1 else None for name in grid.axis_names)
     return PartitionSpec(*((None,) * batch_dims + axes))
 
 
 def decompose(grid: Grid, mesh: Mesh) -> Grid:
     """The grid as seen from one device of ``mesh``; raises if the mesh does not divide it."""
+    _check_mesh_axes(grid, mesh)
+    return grid.on_mesh(grid.axis_names, tuple(mesh.shape[a] for a in grid.axis_names))
+
+
+def _check_mesh_axes(grid: Grid, mesh: Mesh) -> None:
     names = tuple(mesh.axis_names)
     if set(names) != set(grid.axis_names):
         raise ValueError(
@@ -123,7 +135,6 @@ def decompose(grid: Grid, mesh: Mesh) -> Grid:
             f"build it with physjax.parallel.make_mesh(n, ndim={grid.ndim}) or a layout of "
             f"{grid.ndim} entries"
         )
-    return grid.on_mesh(grid.axis_names, tuple(mesh.shape[a] for a in grid.axis_names))
 
 
 def _is_field(x: Any, grid: Grid) -> bool:
