@@ -578,3 +578,25 @@ def test_field_spec_names_a_mesh_of_other_axes_and_a_negative_batch():
         field_spec(grid3, make_mesh((2, 2)))
     with pytest.raises(ValueError, match="batch_dims must be a whole number >= 0, got -1"):
         field_spec(Grid((8, 8), (1.0, 1.0)), make_mesh((2, 2)), batch_dims=-1)
+
+
+def test_stencils_name_a_grid_or_field_in_the_wrong_place():
+    """diff_x_c2f(grid, f) stopped in lax.slice ("Error interpreting argument to slice"),
+    a number for the grid or a list for the field with AttributeError: ... 'ndim'."""
+    from physjax.grids import diff_z_f2c, interp_y_f2c
+
+    g = Grid((4, 6), (1.0, 3.0), dtype="float64")
+    p = fill_halo(jnp.arange(24.0).reshape(4, 6), g)
+    np.testing.assert_array_equal(diff_x_c2f(np.asarray(p), g), diff_x_c2f(p, g))
+    with pytest.raises(TypeError, match="takes a halo-padded field .* first, .* got Grid"):
+        diff_x_c2f(g, p)
+    with pytest.raises(TypeError, match="takes a halo-padded field .* got list"):
+        interp_y_f2c(p.tolist())
+    with pytest.raises(TypeError, match="grid must be a physjax.grids.Grid, got float"):
+        diff_y_f2c(p, 0.5)
+    with pytest.raises(TypeError, match="grid must be a physjax.grids.Grid, got float"):
+        laplacian(p, 0.5)
+    with pytest.raises(TypeError, match="takes a halo-padded field .* got Grid"):
+        laplacian(g, p)
+    with pytest.raises(TypeError, match="grid must be a physjax.grids.Grid, got ArrayImpl"):
+        diff_z_f2c(jnp.ones((3, 4, 5)), jnp.ones(3))

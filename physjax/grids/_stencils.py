@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from ._grid import Grid
@@ -21,6 +22,7 @@ from ._grid import Grid
 def _shift(f: jax.Array, k: int, axis: int) -> jax.Array:
     """``out[i] = f[i - k]`` with zeros shifted in: a slice and a zero pad, both of which XLA
     fuses into the consuming loop (``jnp.roll`` becomes a concatenate that it does not)."""
+    _check_field(f)
     if -axis > f.ndim:  # -3 would wrap to x on a 2-D field
         raise ValueError(
             f"a stencil along {'zyx'[axis + 3]} needs a field of ≥ {-axis} dimensions "
@@ -38,6 +40,23 @@ def _shift(f: jax.Array, k: int, axis: int) -> jax.Array:
     return lax.pad(part, jnp.zeros((), f.dtype), config)
 
 
+def _check_field(f) -> None:
+    # a Grid (arguments swapped) or a list stopped inside lax.slice or on ``.ndim``
+    if not isinstance(f, (jax.Array, np.ndarray)):
+        raise TypeError(
+            f"a stencil takes a halo-padded field (a jax or NumPy array) first, then the grid "
+            f"where it needs one, got {type(f).__name__} for the field"
+        )
+
+
+def _check_grid(grid) -> None:
+    if not isinstance(grid, Grid):
+        raise TypeError(
+            f"grid must be a physjax.grids.Grid, got {type(grid).__name__}: stencils take "
+            "(field, grid)"
+        )
+
+
 def _back(f: jax.Array, axis: int) -> jax.Array:
     return _shift(f, 1, axis)
 
@@ -47,6 +66,7 @@ def _fwd(f: jax.Array, axis: int) -> jax.Array:
 
 
 def _spacing(grid: Grid, axis: int):
+    _check_grid(grid)
     if -axis > grid.ndim:
         raise ValueError(f"a difference along z needs a 3-D grid, got a {grid.ndim}-D one")
     return grid.spacing[axis]
@@ -131,6 +151,8 @@ def interp_z_f2c(f: jax.Array) -> jax.Array:
 def laplacian(f: jax.Array, grid: Grid) -> jax.Array:
     """Five-point (2-D) or seven-point (3-D) Laplacian of a halo-padded field, any location.
     The grid's axes are the trailing ones of ``f``; leading (batch) axes are kept."""
+    _check_field(f)
+    _check_grid(grid)
     if f.ndim < grid.ndim:
         raise ValueError(f"f must have at least the grid's {grid.ndim} axes, got shape {f.shape}")
     out = jnp.zeros_like(f)
