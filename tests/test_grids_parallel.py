@@ -600,3 +600,19 @@ def test_stencils_name_a_grid_or_field_in_the_wrong_place():
         laplacian(g, p)
     with pytest.raises(TypeError, match="grid must be a physjax.grids.Grid, got ArrayImpl"):
         diff_z_f2c(jnp.ones((3, 4, 5)), jnp.ones(3))
+
+
+def test_fill_halo_and_interior_name_a_field_or_grid_of_the_wrong_type():
+    """interior of a list and fill_halo or interior with a number for the grid stopped with
+    AttributeError: ... 'ndim'."""
+    g = Grid((4, 6), (1.0, 3.0), dtype="float64")
+    p = fill_halo(np.arange(24.0).reshape(4, 6), g)
+    np.testing.assert_array_equal(interior(np.asarray(p), g), np.arange(24.0).reshape(4, 6))
+    with pytest.raises(TypeError, match="padded must be a jax or NumPy array, got list"):
+        interior(p.tolist(), g)
+    with pytest.raises(TypeError, match="grid must be a physjax.grids.Grid, got float"):
+        interior(p, 0.5)
+    with pytest.raises(TypeError, match="grid must be a physjax.grids.Grid, got float"):
+        fill_halo(jnp.ones((4, 6)), 0.5)
+    with pytest.raises(TypeError, match="field must be a jax or NumPy array, got Grid"):
+        fill_halo(g, jnp.ones((4, 6)))

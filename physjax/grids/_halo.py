@@ -100,12 +100,14 @@ def fill_halo(
 
     **Returns:** the field padded by ``width`` on every side of every axis, corners included.
     """
-    nd = grid.ndim
     if not isinstance(field, (jax.Array, np.ndarray)):
         raise TypeError(
             f"field must be a jax or NumPy array, got {type(field).__name__}; wrap it in "
             "jnp.asarray(...)"
         )
+    if not isinstance(grid, Grid):  # a number stopped on .ndim
+        raise TypeError(f"grid must be a physjax.grids.Grid, got {type(grid).__name__}")
+    nd = grid.ndim
     if field.ndim != nd:
         raise ValueError(f"field must have {nd} dimensions like the grid, got shape {field.shape}")
     if tuple(field.shape) != grid.local_shape:
@@ -151,6 +153,13 @@ def fill_halo(
 def interior(padded: jax.Array, grid: Grid, width: int | None = None) -> jax.Array:
     """Strip a halo of ``width`` (default ``grid.halo``) from every grid axis (the trailing
     ``grid.ndim`` axes; leading batch axes are kept)."""
+    if not isinstance(padded, (jax.Array, np.ndarray)):  # a list stopped on .ndim
+        raise TypeError(
+            f"padded must be a jax or NumPy array, got {type(padded).__name__}; wrap it in "
+            "jnp.asarray(...)"
+        )
+    if not isinstance(grid, Grid):
+        raise TypeError(f"grid must be a physjax.grids.Grid, got {type(grid).__name__}")
     w = grid.halo if width is None else width
     if isinstance(w, np.integer):
         w = int(w)
