@@ -616,3 +616,15 @@ def test_fill_halo_and_interior_name_a_field_or_grid_of_the_wrong_type():
         fill_halo(jnp.ones((4, 6)), 0.5)
     with pytest.raises(TypeError, match="field must be a jax or NumPy array, got Grid"):
         fill_halo(g, jnp.ones((4, 6)))
+
+
+def test_zero_dimensional_integer_arrays_are_sizes_for_shape():
+    """jnp.array([4, 8]) was refused as "ny must be a positive integer, got Array(4, ...)"
+    while the same array was taken for extent."""
+    g = Grid(jnp.array([4, 8]), jnp.array([2.0, 8.0]))
+    assert g.shape == (4, 8) and all(type(n) is int for n in g.shape)
+    assert Grid((np.int32(4), jnp.int32(8)), (1.0, 1.0)).shape == (4, 8)
+    with pytest.raises(ValueError, match="grid size ny must be a positive integer, got 4.0"):
+        Grid(jnp.array([4.0, 8.0]), (1.0, 1.0))
+    with pytest.raises(ValueError, match="grid size nx must be a positive integer, got 0"):
+        Grid(jnp.array([4, 0]), (1.0, 1.0))

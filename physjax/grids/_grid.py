@@ -128,6 +128,12 @@ class Grid(eqx.Module):
         _spacing: Sequence[float] | None = None,
     ):
         shape = _as_tuple("shape", shape, "sizes (ny, nx) or (nz, ny, nx)")
+        # 0-d arrays are numbers, as for extent: jnp.array([64, 128]) was refused as
+        # "ny must be a positive integer, got Array(64, dtype=int32)"
+        shape = tuple(
+            np.asarray(n).item() if getattr(n, "ndim", None) == 0 and hasattr(n, "dtype") else n
+            for n in shape
+        )
         extent = _as_tuple("extent", extent, "domain lengths [m], one per axis")
         # 0-d arrays (np.array(1e6), jnp.float64(1e6)) are numbers
         extent = tuple(
