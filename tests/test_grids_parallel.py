@@ -628,3 +628,16 @@ def test_zero_dimensional_integer_arrays_are_sizes_for_shape():
         Grid(jnp.array([4.0, 8.0]), (1.0, 1.0))
     with pytest.raises(ValueError, match="grid size nx must be a positive integer, got 0"):
         Grid(jnp.array([4, 0]), (1.0, 1.0))
+
+
+def test_local_index_refuses_an_axis_the_grid_does_not_have():
+    """local_index(2) of a 2-D grid wrapped round to axis 0 (y) and gave y's indices;
+    block_index(2) raised a bare IndexError, local_index("x") a string-formatting one."""
+    g = Grid((4, 8), (1.0, 1.0))
+    np.testing.assert_array_equal(g.local_index(-1), np.arange(8))
+    np.testing.assert_array_equal(g.local_index(0, padded=True), np.arange(-1, 5))
+    for bad in (2, -3, "x", True):
+        with pytest.raises(ValueError, match=r"axis must be an array axis of the 2-D grid, -2"):
+            g.local_index(bad)
+        with pytest.raises(ValueError, match=r"axis must be an array axis of the 2-D grid"):
+            g.block_index(bad)

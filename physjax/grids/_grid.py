@@ -351,14 +351,28 @@ class Grid(eqx.Module):
 
         Only valid inside ``shard_map`` when the grid is decomposed.
         """
+        axis = self._array_axis(axis)
         name = self.mesh_axes[axis]
         if name is None or self.mesh_shape[axis] == 1:
             return 0
         return jax.lax.axis_index(name)
 
+    def _array_axis(self, axis) -> int:
+        # axis % ndim took axis 2 of a 2-D grid for y
+        if (
+            isinstance(axis, (bool, np.bool_))
+            or not isinstance(axis, (int, np.integer))
+            or not -self.ndim <= axis < self.ndim
+        ):
+            raise ValueError(
+                f"axis must be an array axis of the {self.ndim}-D grid, -{self.ndim} to "
+                f"{self.ndim - 1}, got {axis!r} (grid.axis(name) gives it for a name)"
+            )
+        return int(axis) % self.ndim
+
     def local_index(self, axis: int, padded: bool = False) -> jax.Array:
         """Global integer index of each local point along ``axis`` (with halo if ``padded``)."""
-        a = axis % self.ndim
+        a = self._array_axis(axis)
         n_local = self.local_shape[a]
         h = self.halo if padded else 0
         start = self.block_index(a) * n_local
