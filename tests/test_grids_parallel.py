@@ -641,3 +641,28 @@ def test_local_index_refuses_an_axis_the_grid_does_not_have():
             g.local_index(bad)
         with pytest.raises(ValueError, match=r"axis must be an array axis of the 2-D grid"):
             g.block_index(bad)
+
+
+def test_parallel_helpers_name_a_mesh_or_grid_of_the_wrong_type():
+    """shard, decompose and field_spec with mesh=None, shard_map_fields and error_if with a
+    count for the mesh, and decompose(mesh, grid) stopped with AttributeError."""
+    from physjax.parallel import error_if, field_spec
+
+    g = Grid((4, 8), (1.0, 1.0))
+    f = jnp.ones(g.shape)
+    np.testing.assert_array_equal(shard_map_fields(lambda G, a: 2 * a, g, None)(f), 2 * f)
+    for call in (
+        lambda: shard(f, g, None),
+        lambda: decompose(g, None),
+        lambda: field_spec(g, None),
+    ):
+        with pytest.raises(TypeError, match=r"mesh must be a jax.sharding.Mesh, got None"):
+            call()
+    for call in (
+        lambda: shard_map_fields(lambda G, a: a, g, 4),
+        lambda: error_if(f, False, "boom", g, 4),
+    ):
+        with pytest.raises(TypeError, match=r"mesh must be a jax.sharding.Mesh, got int: build"):
+            call()
+    with pytest.raises(TypeError, match="grid must be a physjax.grids.Grid, got Mesh"):
+        decompose(make_mesh((1, 1)), g)

@@ -128,12 +128,29 @@ def decompose(grid: Grid, mesh: Mesh) -> Grid:
 
 
 def _check_mesh_axes(grid: Grid, mesh: Mesh) -> None:
+    _check_types(grid, mesh)
+    if mesh is None:
+        raise TypeError(
+            "mesh must be a jax.sharding.Mesh, got None: build it with "
+            f"physjax.parallel.make_mesh(n, ndim={grid.ndim})"
+        )
     names = tuple(mesh.axis_names)
     if set(names) != set(grid.axis_names):
         raise ValueError(
             f"mesh axes {names} must be named like the grid axes {grid.axis_names}; "
             f"build it with physjax.parallel.make_mesh(n, ndim={grid.ndim}) or a layout of "
             f"{grid.ndim} entries"
+        )
+
+
+def _check_types(grid: Grid, mesh: Mesh | None) -> None:
+    # None, a count or arguments swapped stopped with AttributeError on axis_names/on_mesh
+    if not isinstance(grid, Grid):
+        raise TypeError(f"grid must be a physjax.grids.Grid, got {type(grid).__name__}")
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise TypeError(
+            f"mesh must be a jax.sharding.Mesh, got {type(mesh).__name__}: build it with "
+            f"physjax.parallel.make_mesh(n, ndim={grid.ndim})"
         )
 
 
@@ -198,6 +215,7 @@ def shard_map_fields(fn: Callable[..., Any], grid: Grid, mesh: Mesh | None) -> C
     result is a global sum). Non-field results are replicated: compute them identically on
     every device.
     """
+    _check_types(grid, mesh)  # a count for the mesh stopped on mesh.size
     if mesh is None or mesh.size == 1:
         return lambda *args: fn(grid, *args)
     local = decompose(grid, mesh)
@@ -241,6 +259,7 @@ def error_if(x: jax.Array, pred, message: str, grid: Grid, mesh: Mesh | None) ->
     gathers the whole field there on every call, and when the error fires the other devices
     wait for it at the next collective until XLA aborts the process.
     """
+    _check_types(grid, mesh)
     if mesh is None or mesh.size == 1:
         return eqx.error_if(x, pred, message)
     # a 2-D mesh for a 3-D grid stopped with KeyError: 'z', a grid the mesh does not divide
