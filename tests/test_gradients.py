@@ -374,6 +374,25 @@ def test_forward_mode_without_custom_vjp():
     assert _rel(jax.grad(f)(x)[0], expected) < RTOL
 
 
+@pytest.mark.parametrize("kind", ["mlp", "eqx", "generic"])
+def test_forward_mode_over_batched_custom_vjp_says_what_to_do(kind):
+    model = (lambda y: jnp.sin(y[0]) * y[1] ** 3) if kind == "generic" else _model(kind, d=2)
+    xs = _points(3, d=2)
+    op = pg.laplacian(model, batched=True)
+    with pytest.raises(TypeError, match="recompute=False"):
+        jax.jvp(op, (xs,), (xs,))
+    with pytest.raises(TypeError, match="recompute=False"):
+        jax.jacfwd(op)(xs)
+    # recompute=False, and the per-point operator (jax.checkpoint) with the default, work.
+    tangent = jax.jvp(pg.laplacian(model, batched=True, recompute=False), (xs,), (xs,))[1]
+    point = jax.vmap(lambda x, v: jax.jvp(pg.laplacian(model), (x,), (v,))[1])(xs, xs)
+    reference = jax.vmap(
+        lambda x, v: jax.jvp(lambda y: jnp.trace(jax.hessian(model)(y)), (x,), (v,))[1]
+    )(xs, xs)
+    assert _rel(tangent, reference) < RTOL
+    assert _rel(point, reference) < RTOL
+
+
 def test_jit_vmap_and_parameter_vmap():
     model = _model("mlp", depth=2, width=6)
     xs = _points(3)

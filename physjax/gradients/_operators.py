@@ -222,7 +222,17 @@ def _second(fn, x, indices, form: Form, recompute: bool, batched: bool) -> Array
         # jit that traced its forward pass (e.g. jax.vjp of a jitted loss), so it must not
         # close over a traced array.
         directions = np.eye(x.shape[-1], dtype=x.dtype)[list(indices)]
-        return batch_second(fn, x, directions, form, recompute)
+        try:
+            return batch_second(fn, x, directions, form, recompute)
+        except TypeError as err:
+            if not recompute or "forward-mode" not in str(err):
+                raise
+            raise TypeError(
+                "a second-order operator with batched=True and recompute=True is a "
+                "jax.custom_vjp and cannot be differentiated in forward mode (jax.jvp, "
+                "jax.jacfwd, jax.hessian); pass recompute=False, or use the per-point "
+                "operator under jax.vmap."
+            ) from err
     return second_rows(_jet(fn, x, indices, form, recompute).second, form)
 
 
@@ -270,8 +280,9 @@ def laplacian(
             for ``(x, y, t)`` inputs.
         component: output component for vector-valued ``fn``.
         recompute: bounded-memory backward pass (default). Set ``False`` for plain autodiff
-            through the forward-mode computation, e.g. to apply ``jax.jvp`` to the result
-            (a ``jax.custom_vjp`` cannot be differentiated in forward mode).
+            through the forward-mode computation, e.g. to apply ``jax.jvp`` to a
+            ``batched=True`` result (a ``jax.custom_vjp`` cannot be differentiated in forward
+            mode; the per-point operators can be with either setting).
         batched: return a function of a batch of points ``(N, d)`` instead of one point;
             equal to ``jax.vmap`` of the per-point function, but much faster and smaller
             under ``grad`` (``jax.vmap`` cannot route a per-point custom VJP to a batch one;
