@@ -735,6 +735,22 @@ def test_an_equinox_mlp_of_the_wrong_input_size_is_named():
         pg.laplacian(mlp, batched=True)(jnp.ones((4, 3)))
 
 
+@pytest.mark.parametrize("kind", ["mlp", "fourier", "modified"])
+def test_a_model_called_on_a_wrong_point_says_so(kind):
+    model = _model(kind, d=2, depth=1)
+    with pytest.raises(ValueError, match=r"takes one point x of shape \(2,\).*got shape \(3,\)"):
+        model(jnp.ones(3))
+    with pytest.raises(ValueError, match=r"got shape \(5, 2\); use jax.vmap over points"):
+        model(jnp.ones((5, 2)))
+
+    # inside a user's wrapper, the operators pass the model's message on
+    def wrapped(x):
+        return x[0] * model(x)
+
+    with pytest.raises(ValueError, match=r"takes one point x of shape \(2,\)"):
+        pg.laplacian(wrapped)(jnp.ones(3))
+
+
 @pytest.mark.parametrize("spatial", [True, np.bool_(False), (0, True)])
 def test_a_boolean_is_no_coordinate_index(spatial):
     model = _model("mlp", depth=1)
