@@ -568,6 +568,10 @@ def test_error_model_configuration():
         pg.MLP(2, 1, 8, 2, "relu6", key=jax.random.key(0))
     with pytest.raises(ValueError, match="out_size must be a positive int or 'scalar'"):
         pg.ModifiedMLP(2, 0, 8, 2, key=jax.random.key(0))
+    for cls in (pg.MLP, pg.FourierMLP, pg.ModifiedMLP):
+        for dtype in (jnp.int32, "not a dtype", jnp.complex64):
+            with pytest.raises(ValueError, match="dtype must be a real floating-point dtype"):
+                cls(2, 1, 8, 2, key=jax.random.key(0), dtype=dtype)
 
 
 def test_spatial_integer_array():

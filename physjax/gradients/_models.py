@@ -53,6 +53,22 @@ def _check_sizes(in_size: int, out_size: int | str, width: int, depth: int) -> t
     return int(in_size), out, int(width), int(depth)
 
 
+def _check_dtype(dtype):
+    """``dtype`` checked to be a real floating-point dtype (``None``: JAX's default float)."""
+    if dtype is None:
+        return None
+    try:
+        resolved = jnp.dtype(dtype)
+    except TypeError:
+        resolved = None
+    if resolved is None or not jnp.issubdtype(resolved, jnp.floating):
+        raise ValueError(
+            f"dtype must be a real floating-point dtype such as jnp.float32 or jnp.float64, "
+            f"got {dtype!r}."
+        )
+    return resolved
+
+
 def _chain(
     pre: Jet,
     steps: Sequence[tuple[Callable[[Array], Array], eqx.nn.Linear]],
@@ -171,6 +187,7 @@ class MLP(AbstractNeuralField):
         dtype=None,
     ):
         in_size, out_size, width, depth = _check_sizes(in_size, out_size, width, depth)
+        dtype = _check_dtype(dtype)
         m = 1 if out_size == "scalar" else out_size
         self.layers = _init_linears([in_size] + [width] * depth + [m], key, dtype)
         self.activation = _resolve_activation(activation)
@@ -228,6 +245,7 @@ class FourierMLP(AbstractNeuralField):
         dtype=None,
     ):
         in_size, out_size, width, depth = _check_sizes(in_size, out_size, width, depth)
+        dtype = _check_dtype(dtype)
         if not _is_int(num_features) or num_features < 1:
             raise ValueError(f"num_features must be a positive int, got {num_features!r}.")
         num_features = int(num_features)
@@ -295,6 +313,7 @@ class ModifiedMLP(AbstractNeuralField):
         dtype=None,
     ):
         in_size, out_size, width, depth = _check_sizes(in_size, out_size, width, depth)
+        dtype = _check_dtype(dtype)
         ku, kv, kl = jax.random.split(key, 3)
         m = 1 if out_size == "scalar" else out_size
         self.encoder_u = eqx.nn.Linear(in_size, width, key=ku, dtype=dtype)
