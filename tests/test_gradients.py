@@ -553,6 +553,8 @@ def test_error_bad_point_and_spatial():
         pg.gradient(lambda x: jnp.round(x).astype(jnp.int32)[0])(jnp.zeros(3))
     with pytest.raises(ValueError, match=r"batch of points of shape \(N, d\), got shape \(3,\)"):
         pg.laplacian(model, batched=True)(jnp.zeros(3))
+    with pytest.raises(ValueError, match=r"got shape \(2, 4, 3\); jax.vmap the operator"):
+        pg.laplacian(model, batched=True)(jnp.zeros((2, 4, 3)))
     with pytest.raises(ValueError, match="x has dimension 2 but the model expects in_size=3"):
         pg.hessian_diagonal(model, batched=True)(jnp.zeros((4, 2)))
     with pytest.raises(TypeError, match="x must be a floating-point array"):

@@ -33,9 +33,14 @@ def _check_point(x, batched: bool = False) -> Array:
             "cast it with x.astype(float)."
         )
     if batched and x.ndim != 2:
+        hint = (
+            "pass one point with batched=False"
+            if x.ndim < 2
+            else "jax.vmap the operator over the leading axes, or reshape to (N, d)"
+        )
         raise ValueError(
             f"with batched=True, x must be a batch of points of shape (N, d), got shape "
-            f"{x.shape}; pass one point with batched=False."
+            f"{x.shape}; {hint}."
         )
     if not batched and x.ndim != 1:
         raise ValueError(
