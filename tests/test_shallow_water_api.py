@@ -1085,3 +1085,34 @@ def test_shared_integrate_diffrax_checks_its_tolerances():
             integrate_diffrax(rhs, jnp.ones(3), 0.0, 1.0, **kw)
     sol = integrate_diffrax(rhs, jnp.ones(3), 0.0, 1.0, rtol=np.float32(1e-8), atol=1e-10)
     assert abs(float(sol.ys[-1, 0]) - np.exp(-1.0)) <= 1e-8
+
+
+def test_shared_integrate_diffrax_checks_its_times():
+    """``integrate_diffrax(rhs, y0, 0.0, nan)`` returned ``y0`` unchanged without a word,
+    and ``t1=inf``, a float64 ``t1`` beyond float32's range for a float32 state, ``dt0=0``
+    or a ``dt0`` pointing away from ``t1`` stopped with diffrax's ``EquinoxRuntimeError``
+    after compiling. ``model.solve_diffrax`` checked them already; the shared function now
+    does too, naming the argument."""
+    from physjax.solvers import integrate_diffrax
+
+    def rhs(y, t):
+        return -y
+
+    y0 = jnp.ones(3, jnp.float32)
+    for args, kw, match in (
+        ((0.0, NAN), {}, r"^t1 must be a finite number, got nan"),
+        ((-INF, 1.0), {}, r"^t0 must be a finite number, got -inf"),
+        ((0.0, "1"), {}, r"^t1 must be a finite number, got '1'"),
+        ((0.0, np.ones(2)), {}, r"^t1 must be a finite number"),
+        ((0.0, 1e39), {}, r"^t1 must be finite in the state's dtype float32, got 1e\+39"),
+        ((0.0, 1.0), {"dt0": 0.0}, r"^dt0 must be a nonzero number with the sign of t1 - t0"),
+        ((0.0, 1.0), {"dt0": -0.1}, r"^dt0 must be a nonzero number with the sign of t1 - t0"),
+        ((1.0, 0.0), {"dt0": 0.1}, r"^dt0 must be a nonzero number with the sign of t1 - t0"),
+    ):
+        with pytest.raises(ValueError, match=match):
+            integrate_diffrax(rhs, y0, *args, **kw)
+    # backwards in time with a negative dt0, and traced times, still run
+    sol = integrate_diffrax(rhs, y0, 1.0, 0.0, dt0=-0.1)
+    assert float(sol.ys[-1, 0]) == pytest.approx(np.e, rel=1e-5)
+    sol = jax.jit(lambda t1: integrate_diffrax(rhs, y0, 0.0, t1).ys)(1.0)
+    assert float(sol[-1, 0]) == pytest.approx(np.exp(-1.0), rel=1e-5)

@@ -148,6 +148,41 @@ def _check_tolerance(name: str, tol) -> None:
         raise ValueError(f"{name} must be a finite number > 0 (a tolerance), got {tol!r}")
 
 
+def _check_times(t0, t1, dt0, dtype) -> None:
+    """Refuse, when they have values, a ``t0``, ``t1`` or ``dt0`` that is not one finite real
+    number (also in ``dtype``, the state's, when given) and a ``dt0`` that is zero or points
+    away from ``t1``: diffrax returned ``y0`` unchanged for ``t1=nan`` without a word, and
+    stopped with an ``EquinoxRuntimeError`` after compiling for ``t1=inf``, ``dt0=0`` or a
+    ``dt0`` of the wrong sign."""
+    values = {}
+    for name, t in (("t0", t0), ("t1", t1), ("dt0", dt0)):
+        if t is None or isinstance(t, jax.core.Tracer):
+            continue
+        try:
+            x = np.asarray(t)
+        except Exception:
+            x = np.asarray(None)
+        if isinstance(t, (bool, np.bool_)) or x.shape != () or x.dtype.kind not in "iuf":
+            raise ValueError(f"{name} must be a finite number, got {t!r}")
+        with np.errstate(over="ignore"):
+            held = float(x if dtype is None else x.astype(dtype))
+        if not math.isfinite(float(x)):
+            raise ValueError(f"{name} must be a finite number, got {t!r}")
+        if not math.isfinite(held):
+            raise ValueError(
+                f"{name} must be finite in the state's dtype {np.dtype(dtype)}, got {t!r}"
+            )
+        values[name] = held
+    d = values.get("dt0")
+    if d is not None:
+        span = values["t1"] - values["t0"] if {"t0", "t1"} <= values.keys() else None
+        if d == 0 or (span is not None and span * d < 0):
+            raise ValueError(
+                f"dt0 must be a nonzero number with the sign of t1 - t0 = "
+                f"{'t1 - t0' if span is None else span}, got {dt0!r}"
+            )
+
+
 def _count(name: str, n, minimum: int, also: str = "") -> int:
     """``n`` as an ``int``, refusing a traced value (it sets the length of a compiled loop)
     and anything but an integer (Python or NumPy) ``>= minimum``; ``also`` names what else
@@ -275,9 +310,12 @@ def integrate_diffrax(
 
     ``t0``, ``t1``, ``dt0`` and the ``ts`` of ``saveat`` are taken in the dtype of ``y0``'s
     floating leaves when they share one, so that a float32 state stays float32 (``sol.ts``
-    and ``sol.ys``) with x64 on.
+    and ``sol.ys``) with x64 on. When they have values (not traced), ``t0``, ``t1`` and
+    ``dt0`` must be finite numbers in that dtype and ``dt0`` nonzero with the sign of
+    ``t1 - t0``; a ``ValueError`` naming the argument says so before anything compiles.
     """
     dtype = _time_dtype(y0)
+    _check_times(t0, t1, dt0, dtype)
     t0, t1, dt0 = _in_dtype(dtype, t0, t1, dt0)
     if saveat is not None and dtype is not None:
         saveat = saveat_in_dtype(saveat, dtype)
