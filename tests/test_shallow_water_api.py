@@ -1116,3 +1116,37 @@ def test_shared_integrate_diffrax_checks_its_times():
     assert float(sol.ys[-1, 0]) == pytest.approx(np.e, rel=1e-5)
     sol = jax.jit(lambda t1: integrate_diffrax(rhs, y0, 0.0, t1).ys)(1.0)
     assert float(sol[-1, 0]) == pytest.approx(np.exp(-1.0), rel=1e-5)
+
+
+def test_diffrax_options_of_the_wrong_type_are_refused_by_name(adjust):
+    """``solve_diffrax(..., solver="tsit5")`` failed inside diffrax with ``'str' object has
+    no attribute 'term_structure'``, ``saveat=[0.0, 1.0]`` with ``'list' object has no
+    attribute 'subs'`` and ``adjoint="backsolve"`` with ``... no attribute 'loop'``; the
+    shared ``integrate_diffrax`` likewise. Each is now a ``TypeError`` naming the argument
+    and the diffrax type it takes, raised before anything compiles."""
+    from physjax.solvers import integrate_diffrax
+
+    model, state, _ = adjust
+    for name, value, kind in (
+        ("solver", "tsit5", "AbstractSolver"),
+        ("saveat", [0.0, 60.0], "SaveAt"),
+        ("stepsize_controller", 1e-6, "AbstractStepSizeController"),
+        ("adjoint", "backsolve", "AbstractAdjoint"),
+    ):
+        match = rf"^{name} must be None or a diffrax\.{kind} such as diffrax\."
+        with pytest.raises(TypeError, match=match):
+            model.solve_diffrax(state, 0.0, 60.0, **{name: value})
+        with pytest.raises(TypeError, match=match):
+            integrate_diffrax(lambda y, t: -y, jnp.ones(3), 0.0, 1.0, **{name: value})
+    # None is each argument's default, and diffrax objects pass
+    sol = integrate_diffrax(
+        lambda y, t: -y,
+        jnp.ones(3),
+        0.0,
+        1.0,
+        solver=diffrax.Dopri5(),
+        saveat=diffrax.SaveAt(t1=True),
+        stepsize_controller=None,
+        adjoint=diffrax.RecursiveCheckpointAdjoint(),
+    )
+    assert float(sol.ys[-1, 0]) == pytest.approx(np.exp(-1.0), rel=1e-5)

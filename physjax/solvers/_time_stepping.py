@@ -148,6 +148,29 @@ def _check_tolerance(name: str, tol) -> None:
         raise ValueError(f"{name} must be a finite number > 0 (a tolerance), got {tol!r}")
 
 
+#: The diffrax objects ``integrate_diffrax`` takes: argument, type, an example.
+_DIFFRAX_TYPES = (
+    ("solver", diffrax.AbstractSolver, "diffrax.Tsit5()"),
+    ("saveat", diffrax.SaveAt, "diffrax.SaveAt(ts=[...])"),
+    ("stepsize_controller", diffrax.AbstractStepSizeController, "diffrax.PIDController(...)"),
+    ("adjoint", diffrax.AbstractAdjoint, "diffrax.RecursiveCheckpointAdjoint()"),
+)
+
+
+def check_diffrax_options(**options) -> None:
+    """Refuse a ``solver``, ``saveat``, ``stepsize_controller`` or ``adjoint`` that is not
+    ``None`` or a diffrax object of its kind, by name: ``solver="tsit5"`` failed with
+    ``'str' object has no attribute 'term_structure'``, ``saveat=[0.0, 1.0]`` with ``'list'
+    object has no attribute 'subs'``, from inside diffrax or the dtype cast."""
+    for name, kind, example in _DIFFRAX_TYPES:
+        value = options.get(name)
+        if value is not None and not isinstance(value, kind):
+            raise TypeError(
+                f"{name} must be None or a diffrax.{kind.__name__} "
+                f"such as {example}, got {value!r} ({type(value).__name__})"
+            )
+
+
 def _check_times(t0, t1, dt0, dtype) -> None:
     """Refuse, when they have values, a ``t0``, ``t1`` or ``dt0`` that is not one finite real
     number (also in ``dtype``, the state's, when given) and a ``dt0`` that is zero or points
@@ -313,7 +336,12 @@ def integrate_diffrax(
     and ``sol.ys``) with x64 on. When they have values (not traced), ``t0``, ``t1`` and
     ``dt0`` must be finite numbers in that dtype and ``dt0`` nonzero with the sign of
     ``t1 - t0``; a ``ValueError`` naming the argument says so before anything compiles.
+    ``solver``, ``saveat``, ``stepsize_controller`` and ``adjoint`` are ``None`` or diffrax
+    objects of their kind (a ``TypeError`` otherwise).
     """
+    check_diffrax_options(
+        solver=solver, saveat=saveat, stepsize_controller=stepsize_controller, adjoint=adjoint
+    )
     dtype = _time_dtype(y0)
     _check_times(t0, t1, dt0, dtype)
     t0, t1, dt0 = _in_dtype(dtype, t0, t1, dt0)

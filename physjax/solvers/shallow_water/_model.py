@@ -34,6 +34,7 @@ from .._time_stepping import (
     DAMPING_LIMITS,
     SCHEMES,
     advance,
+    check_diffrax_options,
     integrate,
     integrate_diffrax,
     saveat_in_dtype,
@@ -1028,7 +1029,8 @@ class ShallowWater(eqx.Module):
         solve to round-off while both take the same steps (with adaptive steps a step on the
         edge of acceptance may go differently on another layout, whose results differ in the
         last bits; the runs then agree to the tolerance). The state,
-        times, ``rtol``/``atol``, ``max_steps``, the mesh and the save times of
+        times, ``rtol``/``atol``, ``max_steps``, the mesh, the types of ``solver``,
+        ``saveat``, ``stepsize_controller`` and ``adjoint`` and the save times of
         ``saveat=diffrax.SaveAt(ts=...)`` (within ``[t0, t1]``, in order) are checked first.
         A solve that reaches ``max_steps`` raises diffrax's error; with ``throw=False`` it
         returns, ``sol.result`` saying how it ended and the frames it did not reach ``inf``.
@@ -1039,6 +1041,7 @@ class ShallowWater(eqx.Module):
                 f"solve_diffrax() got unexpected keyword argument(s) {unknown}; it takes "
                 f"mesh and {', '.join(sorted(_DIFFRAX_OPTIONS))}"
             )
+        check_diffrax_options(**kwargs)
         self._check_state(state)
         dtype = self.grid.dtype
         a, b = _check_time("t0", t0), _check_time("t1", t1)
