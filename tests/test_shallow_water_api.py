@@ -894,6 +894,28 @@ def test_coriolis_at_is_in_the_model_dtype():
     assert float(jnp.max(jnp.abs(f64.coriolis_at(y) - exact64))) <= 1e-18
 
 
+def test_coriolis_at_refuses_coordinates_that_are_not_real_numbers():
+    """``coriolis_at(1j)`` dropped the imaginary part and returned f at y = 0 without a word,
+    ``coriolis_at("a")`` failed with JAX's 'Value 'a' with dtype <U1 is not a valid JAX array
+    type' and ``coriolis_at(None)`` with 'None is not a valid value for jnp.array'."""
+    m = make_case("barotropic-instability", nx=16, ny=8).model
+    for y, what in (
+        (1j, "complex values"),
+        (np.array([0.0, 1e6]) + 0j, "complex values"),
+        (np.array([True, False]), "boolean values"),
+        ("a", "'a'"),
+        (None, "None"),
+    ):
+        with pytest.raises(
+            TypeError, match=rf"^y must be coordinates \[m\], real numbers, got {what}"
+        ):
+            m.coriolis_at(y)
+    # real numbers of every kind pass, also traced
+    assert m.coriolis_at([0.0, 1.5e6]).shape == (2,)
+    assert float(m.coriolis_at(np.int64(1_500_000))) == pytest.approx(float(m.coriolis))
+    assert jax.vmap(m.coriolis_at)(jnp.zeros(3)).shape == (3,)
+
+
 def test_non_finite_fields_set_with_tree_at_are_refused_by_run():
     """A NaN bottom or an Inf wind stress set with ``eqx.tree_at`` (which skips the
     constructor's check) ran: ``run`` returned NaN in 52 of the 96 cells of h after 2 steps

@@ -424,7 +424,13 @@ class ShallowWater(eqx.Module):
     def coriolis_at(self, y: ArrayLike) -> Array:
         """f = f₀ + β (y − y_mid) [s⁻¹] at coordinates ``y`` [m], in the model's dtype (the
         grid's) whatever the dtype of ``y`` (``y − y_mid`` is taken in the precision of
-        ``y``)."""
+        ``y``). ``y`` must be real numbers: strings, complex and boolean values raise a
+        ``TypeError``."""
+        _real_dtype_or_raise("y", y, "coordinates [m], real numbers")
+        return self._coriolis_at(y)
+
+    def _coriolis_at(self, y: ArrayLike) -> Array:
+        # unchecked: called while tracing every step, on coordinates the model made itself
         g = self.grid
         y_mid = g.origin[0] + 0.5 * g.extent[0]
         model = self._in_grid_dtype()  # parameters set with eqx.tree_at may be float64
@@ -439,7 +445,7 @@ class ShallowWater(eqx.Module):
         if g.periodic[0]:
             rows = rows % g.shape[0]
         y = g.origin[0] + (rows.astype(g.dtype) + 0.0) * g.spacing[0]
-        return self.coriolis_at(y)[:, None]
+        return self._coriolis_at(y)[:, None]
 
     # ----------------------------------------------------------------- physics
     def _tangential_parity(self) -> int:
@@ -703,7 +709,7 @@ class ShallowWater(eqx.Module):
         h = fill_halo(state.h, g, CENTRE)
         h_corner = interior(interp_y_c2f(interp_x_c2f(h)), g)
         y = jnp.asarray(g.coordinates("y", "face"), g.dtype)[:, None]
-        f = self.coriolis_at(y)
+        f = self._coriolis_at(y)
         return (f + self.relative_vorticity(state)) / h_corner
 
     def _check_state(
