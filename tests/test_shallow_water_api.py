@@ -568,6 +568,19 @@ def test_strip_rows_docstring_describes_the_cache_rule():
     assert "(e.g. 1024² float32 or float64)" not in doc
 
 
+def test_advance_cfl_check_must_be_a_bool(adjust):
+    """``advance(..., cfl_check="no")`` checked the limit (and refused a dt above it) and
+    ``cfl_check=None`` skipped it, each by its truth value; both are now refused by name."""
+    model, state, dt = adjust
+    for value in ("no", None, 1):
+        with pytest.raises(TypeError, match=r"^cfl_check must be True or False, got "):
+            model.advance(state, t0=0.0, dt=100 * dt, n_steps=1, cfl_check=value)
+    with pytest.raises(ValueError, match=r"breaks the CFL stability limit"):
+        model.advance(state, t0=0.0, dt=100 * dt, n_steps=1, cfl_check=np.bool_(True))
+    out = model.advance(state, t0=0.0, dt=dt, n_steps=1, cfl_check=False)
+    assert _max_diff(out, model.step(state, dt)) <= 1e-12
+
+
 def test_advance_lets_a_drying_layer_through_for_the_blow_up_driver(adjust):
     m, s, dt = adjust
     dry = ShallowWaterState(h=s.h.at[0, 0].set(-1.0), u=s.u, v=s.v)

@@ -984,8 +984,12 @@ class ShallowWater(eqx.Module):
         ``dt`` must be a finite number > 0. The stability limit is checked only with
         ``cfl_check=True``: a chunked run checks its ``dt`` once with
         [`check_dt`][physjax.solvers.ShallowWater.check_dt] (the command line's
-        ``--no-cfl-check`` runs a ``dt`` above it on purpose).
+        ``--no-cfl-check`` runs a ``dt`` above it on purpose); ``cfl_check`` is ``True`` or
+        ``False`` (a ``TypeError`` otherwise).
         """
+        if not isinstance(cfl_check, (bool, np.bool_)):
+            # "no" would run the check and None skip it, by their truth values
+            raise TypeError(f"cfl_check must be True or False, got {cfl_check!r}")
         self._check_state(state, thickness=False)
         _check_counts(n_steps, n_steps)
         n_steps = int(n_steps)
