@@ -1190,3 +1190,27 @@ def test_diffrax_options_of_the_wrong_type_are_refused_by_name(adjust):
         adjoint=diffrax.RecursiveCheckpointAdjoint(),
     )
     assert float(sol.ys[-1, 0]) == pytest.approx(np.exp(-1.0), rel=1e-5)
+
+
+def test_time_spans_the_model_dtype_cannot_hold_are_refused(adjust):
+    """Times are held in the model's dtype, and float32 times 1e9 s from the origin are
+    64 s apart: ``solve_diffrax(state, 1e9, 1e9 + 30)`` of a float32 model took no step
+    and returned the initial state as the state at t1, and ``integrate_diffrax`` from 1e9
+    to 1e9 + 100 integrated over 128. A span moved by more than 0.1% is now refused."""
+    from physjax.solvers import integrate_diffrax
+
+    c = make_case("geostrophic-adjustment", nx=16, ny=16)  # float32
+    with pytest.raises(
+        ValueError,
+        match=r"^t0=1000000000.0 and t1=1000000030.0 are 1000000000.0 and 1000000000.0 in "
+        r"the state's dtype float32, a span t1 - t0 of 0.0 s instead of 30.0 s: count",
+    ):
+        c.model.solve_diffrax(c.state, 1e9, 1e9 + 30.0)
+    with pytest.raises(ValueError, match=r"a span t1 - t0 of 128.0 instead of 100.0: count"):
+        integrate_diffrax(lambda y, t: -y, jnp.ones(3, jnp.float32), 1e9, 1e9 + 100.0)
+    # spans float32 holds still run, and float64 holds these times: the same solve as from 0
+    sol = c.model.solve_diffrax(c.state, 1e3, 1e3 + 30.0)
+    assert float(jnp.max(jnp.abs(sol.ys.h[-1] - c.state.h))) > 0
+    model, state, _ = adjust
+    late, early = (model.solve_diffrax(state, t, t + 600.0) for t in (1e9, 0.0))
+    assert _max_diff(late.ys, early.ys) <= 1e-9, _max_diff(late.ys, early.ys)

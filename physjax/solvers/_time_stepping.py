@@ -171,6 +171,26 @@ def check_diffrax_options(**options) -> None:
             )
 
 
+#: How far (relative) the span ``t1 - t0`` may move when the times are held in the state's
+#: dtype: float32 round-off of a span is ~6e-8; a span moved more is another span.
+SPAN_RTOL = 1e-3
+
+
+def check_time_span(t0: float, t1: float, dtype, unit: str = "") -> None:
+    """Refuse times ``t0``, ``t1`` (numbers with values) whose span ``t1 - t0`` in ``dtype``,
+    where the solve holds them, differs from the span given by more than ``SPAN_RTOL`` of
+    it: far from 0 a float32 time is coarse (64 s apart at 1e9 s), and a float32 solve from
+    1e9 to 1e9 + 30 took no step and returned the initial state as the state at ``t1``."""
+    t0_held, t1_held = (float(np.asarray(t).astype(dtype)) for t in (t0, t1))
+    span, held = float(t1) - float(t0), t1_held - t0_held
+    if abs(held - span) > SPAN_RTOL * abs(span):
+        raise ValueError(
+            f"t0={t0!r} and t1={t1!r} are {t0_held!r} and {t1_held!r} in the state's dtype "
+            f"{np.dtype(dtype)}, a span t1 - t0 of {held!r}{unit} instead of {span!r}{unit}: "
+            f"count the times from a nearer origin (e.g. t0=0) or use float64"
+        )
+
+
 def _check_times(t0, t1, dt0, dtype) -> None:
     """Refuse, when they have values, a ``t0``, ``t1`` or ``dt0`` that is not one finite real
     number (also in ``dtype``, the state's, when given) and a ``dt0`` that is zero or points
@@ -196,6 +216,8 @@ def _check_times(t0, t1, dt0, dtype) -> None:
                 f"{name} must be finite in the state's dtype {np.dtype(dtype)}, got {t!r}"
             )
         values[name] = held
+    if dtype is not None and {"t0", "t1"} <= values.keys():
+        check_time_span(t0, t1, dtype)
     d = values.get("dt0")
     if d is not None:
         span = values["t1"] - values["t0"] if {"t0", "t1"} <= values.keys() else None
@@ -335,7 +357,9 @@ def integrate_diffrax(
     floating leaves when they share one, so that a float32 state stays float32 (``sol.ts``
     and ``sol.ys``) with x64 on. When they have values (not traced), ``t0``, ``t1`` and
     ``dt0`` must be finite numbers in that dtype and ``dt0`` nonzero with the sign of
-    ``t1 - t0``; a ``ValueError`` naming the argument says so before anything compiles.
+    ``t1 - t0``, and the span ``t1 - t0`` in that dtype within 0.1% of the span given (far
+    from 0, float32 times are coarse); a ``ValueError`` naming the argument says so before
+    anything compiles.
     ``solver``, ``saveat``, ``stepsize_controller`` and ``adjoint`` are ``None`` or diffrax
     objects of their kind (a ``TypeError`` otherwise).
     """

@@ -35,6 +35,7 @@ from .._time_stepping import (
     SCHEMES,
     advance,
     check_diffrax_options,
+    check_time_span,
     integrate,
     integrate_diffrax,
     saveat_in_dtype,
@@ -1032,7 +1033,10 @@ class ShallowWater(eqx.Module):
 
         The model travels to the vector field through diffrax's ``args``, so gradients with
         respect to its parameters work with every adjoint (``diffrax.BacksolveAdjoint``
-        included). Times are taken in the model's dtype (``sol.ts`` and ``sol.ys`` keep it).
+        included). Times are taken in the model's dtype (``sol.ts`` and ``sol.ys`` keep it):
+        ``t0`` and ``t1`` whose span ``t1 - t0`` that dtype moves by more than 0.1% are
+        refused (float32 times 1e9 s from the origin are 64 s apart; count them from a
+        nearer origin, or use float64).
         With a ``mesh`` the right-hand side is evaluated split over its devices, by the same
         ``shard_map`` with halo exchange as [`run`][physjax.solvers.ShallowWater.run], and
         ``sol.ys`` comes back sharded like the fields; the result equals the one-device
@@ -1055,6 +1059,8 @@ class ShallowWater(eqx.Module):
         self._check_state(state)
         dtype = self.grid.dtype
         a, b = _check_time("t0", t0), _check_time("t1", t1)
+        if a is not None and b is not None:
+            check_time_span(t0, t1, dtype, unit=" s")
         if dtype == "float32" and kwargs.get("stepsize_controller") is None:
             # 1e-6 is a few float32 ulps: the error estimate is then round-off and the
             # controller takes ~9× the steps (a day of a 24×16 channel: 1 363 against 155)
