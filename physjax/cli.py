@@ -119,6 +119,8 @@ def load_config(
 ) -> dict[str, Any]:
     """Read a TOML config: top-level run settings and (if `parameters`) a ``[parameters]``
     table."""
+    if path == "":  # not "no config": a script's --config "$CFG" with CFG unset
+        raise ValueError("--config must name a TOML file, got ''")
     if os.path.exists(path) and not os.path.isdir(path) and not os.path.isfile(path):
         raise ValueError(f"--config: {path!r} is not a regular file (a device or pipe)")
     try:
@@ -177,7 +179,7 @@ def resolve_settings(
 ) -> dict:
     """Merge command line over config file; ``None`` means not given."""
     settings: dict[str, Any] = {"parameters": {}}
-    if getattr(args, "config", None):
+    if getattr(args, "config", None) is not None:
         settings.update(load_config(args.config, keys, parameters))
     for pair in EXCLUSIVE:
         given = [k for k in pair if getattr(args, k, None) is not None]

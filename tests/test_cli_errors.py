@@ -516,6 +516,21 @@ def test_empty_strings_are_refused_not_taken_for_defaults(tmp_path, capsys, sett
     assert sorted(os.listdir(tmp_path)) == ["e.toml"]
 
 
+def test_an_empty_config_path_is_refused_not_ignored(tmp_path, capsys):
+    # --config "" once ran the case's defaults (a 128² two-day run for shallow-water) into
+    # <case>.h5 as if no config had been given
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        for command in (["shallow-water", *FAST], ["poisson", "--n", "16", "--quiet"]):
+            code, err = _error(capsys, [*command, "--config", ""])
+            assert code == 2, err
+            assert err == f"physjax {command[0]}: error: --config must name a TOML file, got ''\n"
+    finally:
+        os.chdir(cwd)
+    assert os.listdir(tmp_path) == []
+
+
 @pytest.mark.parametrize(
     "devices, match",
     [
