@@ -1295,8 +1295,9 @@ def _cmd_plot(args) -> int:
         doubled = sorted({n for n in names if names.count(n) > 1})
         if doubled:
             raise ValueError(f"--vars names {', '.join(map(repr, doubled))} more than once")
-    out = args.output or os.path.splitext(args.file)[0] + ".png"
-    _check_plot_path(out, "--output" if args.output else "the default output", args.file, "input")
+    given = args.output is not None  # an empty --output is refused, not the default
+    out = args.output if given else os.path.splitext(args.file)[0] + ".png"
+    _check_plot_path(out, "--output" if given else "the default output", args.file, "input")
     _write_plot(args.file, out, "--output", frame=args.frame, names=names)
     print(f"wrote {out}")
     return 0

@@ -282,6 +282,9 @@ def test_plot_subcommand_errors(tmp_path, capsys):
     assert "Traceback" not in err
     code, err = _error(capsys, ["plot", str(tmp_path)])
     assert code == 2 and f"file {str(tmp_path)!r} is a directory" in err
+    # an empty --output once drew to the default a.png as if none had been given
+    code, err = _error(capsys, ["plot", str(out), "--output", ""])
+    assert code == 2 and err == "physjax plot: error: --output must name a .png file, got ''\n"
     assert sorted(os.listdir(tmp_path)) == ["a.h5", "d.png", "notanhdf5.txt"]
 
 
