@@ -207,6 +207,23 @@ def test_config_keys_documented_are_the_accepted_ones():
     assert keys == set(RUN_KEYS)
 
 
+def test_config_settings_the_command_line_cannot_undo_are_named():
+    """A config-file setting whose only option is a one-way flag (--quiet, --no-cfl-check)
+    cannot be undone from the command line: the --config row names each as an exception to
+    'the command line wins' (it once named quiet alone)."""
+    from physjax.cli import RUN_KEYS, build_parser
+
+    text = (ROOT / "docs" / "shallow_water.md").read_text()
+    row = re.search(r"^\| `--config FILE\.toml` \|(.*)$", text, re.M).group(1)
+    exceptions = row.split("The command line wins over the file", 1)[1]
+    sub = build_parser().commands["shallow-water"]
+    flags = [a for a in sub._actions if a.nargs == 0 and a.dest in RUN_KEYS]
+    assert {a.dest for a in flags} == {"quiet", "cfl_check"}
+    for action in flags:
+        key = action.option_strings[0][2:].replace("-", "_")  # no_cfl_check, quiet
+        assert f"`{key} = true`" in exceptions, key
+
+
 def _named_objects():
     names = set()
     for page in PAGES:
