@@ -291,7 +291,7 @@ def _shown_devices(devices) -> str:
 
 
 def _parse_param(text: str) -> tuple[str, Any]:
-    if "=" not in text:
+    if "=" not in text or not text.split("=", 1)[0].strip():  # "=9.81" names nothing
         raise argparse.ArgumentTypeError(f"--param takes NAME=VALUE, got {text!r}")
     key, value = text.split("=", 1)
     try:

@@ -599,6 +599,8 @@ def test_a_folder_given_as_the_picture_is_refused_with_a_picture_name(tmp_path, 
     [
         (["shallow-water", *FAST, "--nxx", "16"], "physjax shallow-water: error: unrecognized arg"),
         (["shallow-water", *FAST, "--param", "gravity"], "--param takes NAME=VALUE, got 'gravity'"),
+        # a value without a name was looked up as the parameter '' of the case
+        (["shallow-water", *FAST, "--param", "=9.81"], "--param takes NAME=VALUE, got '=9.81'"),
         # a shortened option was taken for the one it begins (--meth ran as --method)
         (["poisson", "--quiet", "--meth", "cg"], "physjax poisson: error: unrecognized arguments"),
         (["shallow-water", *FAST, "--t-en", "7200"], "unrecognized arguments: --t-en 7200"),
