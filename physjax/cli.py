@@ -145,11 +145,12 @@ def load_config(
             f"--config: {' and '.join(repr(n) for n in twice[0])} in {path!r} are one setting "
             f"spelled two ways; give it once"
         )
+    written = {k.replace("-", "_"): k for k in raw}  # messages name the key as in the file
     raw = {k.replace("-", "_"): v for k, v in raw.items()}
     unknown = sorted(set(raw) - set(allowed) - ({"parameters"} if parameters else set()))
     if unknown:
         raise ValueError(
-            f"--config: unknown setting(s) {unknown} in {path!r}; allowed: "
+            f"--config: unknown setting(s) {[written[k] for k in unknown]} in {path!r}; allowed: "
             f"{', '.join(allowed)}" + (" and a [parameters] table" if parameters else "")
         )
     params = raw.get("parameters", {})
@@ -168,7 +169,8 @@ def load_config(
         kind = SETTING_TYPES.get(key)
         if kind is not None and not _has_type(value, kind):
             raise ValueError(
-                f"--config: {key} in {path!r} must be {_TYPE_WORDS[kind]}, got {value!r} "
+                f"--config: {written.get(key, key)} in {path!r} must be {_TYPE_WORDS[kind]}, "
+                f"got {value!r} "
                 f"({type(value).__name__})"
             )
     return raw

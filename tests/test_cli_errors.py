@@ -107,6 +107,9 @@ def test_places_that_refuse_files_are_found_before_the_run(tmp_path, capsys, opt
         ("quiet = 1\n", "quiet in"),
         ("dt = 100.0\ncfl = 0.1\n", "--dt and --cfl exclude each other"),
         ("t-end = 2000.0\nt_end = 4000.0\n", "'t-end' and 't_end' in"),
+        # a hyphenated key is named as the file spells it (it was named t_end, save_evry)
+        ('t-end = "long"\n', "--config: t-end in"),
+        ("save-evry = 3\n", "unknown setting(s) ['save-evry'] in"),
     ],
 )
 def test_config_values_of_the_wrong_type_name_the_setting(tmp_path, capsys, toml, match):
