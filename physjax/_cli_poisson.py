@@ -67,6 +67,8 @@ DEFAULTS = dict(
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
     """Register the ``poisson`` subcommand."""
+    from .cli import _OneFile
+
     p = subparsers.add_parser(
         "poisson",
         help="solve a Poisson / elliptic problem",
@@ -154,7 +156,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "replaced without it)",
     )
     p.add_argument("--plot", help="quick-look PNG of u, the residual and the error")
-    p.add_argument("--config", help="TOML file of these settings (keys as the long options)")
+    p.add_argument(
+        "--config",
+        action=_OneFile,
+        help="TOML file of these settings (keys as the long options)",
+    )
     p.add_argument(
         "--quiet", action="store_true", default=None, help="no status line before the solve"
     )

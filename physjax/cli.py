@@ -493,6 +493,21 @@ class _StopRequest:
         return False
 
 
+class _OneFile(argparse.Action):
+    """An option given at most once: a second ``--config`` was taken instead of the first,
+    which was silently dropped (config files do not layer)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        earlier = getattr(namespace, self.dest, None)
+        if earlier is not None:
+            raise argparse.ArgumentError(
+                self,
+                f"given twice ({earlier!r} and {values!r}); give one file (options on the "
+                "command line override its settings)",
+            )
+        setattr(namespace, self.dest, values)
+
+
 def add_run_options(p: argparse.ArgumentParser, cases: list[str], default_case: str) -> None:
     """The options every run subcommand shares."""
     p.add_argument(
@@ -519,7 +534,9 @@ def add_run_options(p: argparse.ArgumentParser, cases: list[str], default_case: 
     )
     p.add_argument("--output", help="NetCDF4/HDF5 output file (default <case>.h5)")
     p.add_argument("--plot", help="quick-look PNG of the last frame")
-    p.add_argument("--config", help="TOML file of settings and a [parameters] table")
+    p.add_argument(
+        "--config", action=_OneFile, help="TOML file of settings and a [parameters] table"
+    )
     p.add_argument(
         "--param",
         action="append",

@@ -622,6 +622,22 @@ def test_mistyped_options_one_line_naming_the_command(tmp_path, capsys, monkeypa
     assert list(tmp_path.iterdir()) == []
 
 
+def test_config_given_twice_is_refused_not_half_read(tmp_path, capsys, monkeypatch):
+    # the second file was taken and the first silently dropped: files do not layer
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a.toml").write_text("n = 16\n")
+    (tmp_path / "b.toml").write_text("quiet = true\n")
+    for command in (["shallow-water", *FAST], ["poisson", "--n", "16", "--quiet"]):
+        code, err = _error(capsys, [*command, "--config", "a.toml", "--config", "b.toml"])
+        assert code == 2
+        assert err.startswith(
+            f"physjax {command[0]}: error: argument --config: given twice ('a.toml' and "
+            "'b.toml'); give one file"
+        ), err
+        assert len(err.strip().splitlines()) == 1, err
+    assert sorted(os.listdir(tmp_path)) == ["a.toml", "b.toml"]
+
+
 def test_resume_of_a_file_that_does_not_exist(tmp_path, capsys):
     """It printed HDF5's open error (errno, flags) instead of saying the file was missing."""
     out = tmp_path / "missing.h5"
