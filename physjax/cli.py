@@ -919,12 +919,15 @@ def _run_shallow_water(
     from .solvers.shallow_water import make_case
 
     params = dict(settings.get("parameters") or {})
-    for key, option in _OPTION_PARAMETERS.items():
-        if key in params:
+    for key in params:  # a run setting, e.g. one a config file gives below [parameters]
+        if key in _OPTION_PARAMETERS or key in RUN_KEYS:
+            option = _OPTION_PARAMETERS.get(key) or (
+                "--no-cfl-check" if key.endswith("cfl_check") else f"--{key.replace('_', '-')}"
+            )
             raise ValueError(
                 f"parameter {key} (--param, or the [parameters] table of --config): {key} is "
                 f"not a physical parameter here; set it with {option} (or {key} at the top of "
-                "a --config file)"
+                "a --config file, above [parameters])"
             )
     defaults = CASES[case_name].defaults
     unknown = sorted(set(params) - set(defaults))

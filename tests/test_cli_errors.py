@@ -107,6 +107,11 @@ def test_places_that_refuse_files_are_found_before_the_run(tmp_path, capsys, opt
         ("quiet = 1\n", "quiet in"),
         ("dt = 100.0\ncfl = 0.1\n", "--dt and --cfl exclude each other"),
         ("t-end = 2000.0\nt_end = 4000.0\n", "'t-end' and 't_end' in"),
+        # a run setting below [parameters] (where TOML files every key after the header)
+        # was an "unknown parameter" of the case; it is pointed to its option
+        ("[parameters]\ncoriolis = 1e-4\ndt = 60.0\n", "dt is not a physical parameter here; se"),
+        ("[parameters]\nsave-every = 5\n", "set it with --save-every (or save_every at the top"),
+        ("[parameters]\nno_cfl_check = true\n", "set it with --no-cfl-check (or no_cfl_check"),
         # a hyphenated key is named as the file spells it (it was named t_end, save_evry)
         ('t-end = "long"\n', "--config: t-end in"),
         ("save-evry = 3\n", "unknown setting(s) ['save-evry'] in"),
