@@ -815,7 +815,7 @@ def test_every_command_says_what_it_does_in_its_help(capsys, argv, says):
     "toml, match",
     [
         ('rtol = "1e-8"\n', "rtol in"),
-        ('max-iterations = "ten"\n', "max_iterations in"),
+        ('max-iterations = "ten"\n', "--config: max-iterations in"),
         ("bc = 5\n", "bc in"),
         ('bc = ["dirichlet", 5]\n', "bc in"),
         ('shift = "1"\n', "shift in"),
