@@ -686,13 +686,15 @@ def _check_memory(
 MAX_STEPS = 2**31 - 1
 
 
-def _check_step_count(steps: float, given: str, t_end: float) -> None:
+def _check_step_count(
+    steps: float, given: str, t_end: float, hint: str = "raise it or shorten --t-end"
+) -> None:
     """Refuse more steps than a run can count; `steps` may be a ratio that overflowed to
     inf (a --t-end of 1e308, a --dt of 5e-324), which ``math.ceil`` would not take."""
     if not steps <= MAX_STEPS:
         raise ValueError(
             f"{given} takes {steps:.3g} steps to --t-end {t_end:g} s, more than the "
-            f"{MAX_STEPS} a run can count; raise it or shorten --t-end"
+            f"{MAX_STEPS} a run can count; {hint}"
         )
 
 
@@ -978,7 +980,14 @@ def _run_shallow_water(
                 f"--cfl must be in (0, 1] (a fraction of the stability limit), got {cfl}"
             )
         ratio = t_end / model.max_stable_dt(state, cfl)
-        _check_step_count(ratio, f"--cfl {cfl:g}", t_end)
+        if not ratio <= MAX_STEPS:  # "raise it" only where --cfl 1 would do
+            at_one = t_end / model.max_stable_dt(state, 1.0)
+            hint = (
+                "raise it (at most 1) or shorten --t-end"
+                if at_one <= MAX_STEPS
+                else f"shorten --t-end or use fewer cells (--cfl 1 takes {at_one:.3g} steps)"
+            )
+            _check_step_count(ratio, f"--cfl {cfl:g}", t_end, hint)
         n_steps = max(1, math.ceil(ratio))
         dt = t_end / n_steps
     if resume and settings.get("n_steps") is not None:

@@ -1194,7 +1194,13 @@ def test_too_many_steps_and_too_large_a_grid_are_refused_before_writing(tmp_path
     err = capsys.readouterr().err
     assert "--dt 1e-300 s takes" in err and "more than the 2147483647 a run can count" in err
     assert main(["shallow-water", "--n", "16", "--cfl", "1e-300", "--output", str(out)]) == 2
-    assert "--cfl 1e-300 takes" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--cfl 1e-300 takes" in err and "; raise it (at most 1) or shorten --t-end" in err
+    # a --cfl that cannot be raised enough was told to "raise it" (--cfl 1 too)
+    argv = ["shallow-water", "--n", "16", "--cfl", "1", "--t-end", "1e20", "--output", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--cfl 1 takes" in err and "; shorten --t-end or use fewer cells (--cfl 1 takes" in err
     # used to fail allocating 18.6 GiB with a NumPy traceback
     assert main(["shallow-water", "--n", "1000000", "--output", str(out)]) == 2
     err = capsys.readouterr().err
