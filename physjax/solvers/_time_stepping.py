@@ -133,16 +133,25 @@ def saveat_in_dtype(saveat: diffrax.SaveAt, dtype) -> diffrax.SaveAt:
     return eqx.tree_at(lambda s: s.subs, saveat, subs)
 
 
+def _real_scalar(value) -> np.ndarray | None:
+    """``value`` as a 0-d NumPy array of a real number (integer or float, not bool), or
+    ``None`` when it is not one."""
+    try:
+        x = np.asarray(value)
+    except Exception:
+        return None
+    if isinstance(value, (bool, np.bool_)) or x.shape != () or x.dtype.kind not in "iuf":
+        return None
+    return x
+
+
 def _check_tolerance(name: str, tol) -> None:
     """Refuse a tolerance that is not one finite number > 0 (when it has a value): the PID
     controller ran with ``rtol=-1`` and returned a result 9e-5 off, without a word."""
     if tol is None or isinstance(tol, jax.core.Tracer):
         return
-    try:
-        x = np.asarray(tol)
-    except Exception:
-        x = np.asarray(None)
-    if isinstance(tol, (bool, np.bool_)) or x.shape != () or x.dtype.kind not in "iuf":
+    x = _real_scalar(tol)
+    if x is None:
         raise ValueError(f"{name} must be a finite number > 0 (a tolerance), got {tol!r}")
     if not (math.isfinite(float(x)) and float(x) > 0):
         raise ValueError(f"{name} must be a finite number > 0 (a tolerance), got {tol!r}")
@@ -201,11 +210,8 @@ def _check_times(t0, t1, dt0, dtype) -> None:
     for name, t in (("t0", t0), ("t1", t1), ("dt0", dt0)):
         if t is None or isinstance(t, jax.core.Tracer):
             continue
-        try:
-            x = np.asarray(t)
-        except Exception:
-            x = np.asarray(None)
-        if isinstance(t, (bool, np.bool_)) or x.shape != () or x.dtype.kind not in "iuf":
+        x = _real_scalar(t)
+        if x is None:
             raise ValueError(f"{name} must be a finite number, got {t!r}")
         with np.errstate(over="ignore"):
             held = float(x if dtype is None else x.astype(dtype))
