@@ -330,7 +330,8 @@ def main(argv=None):
         medians = [m for _, m in by_n.values()]
         cells = "  ".join(f"{n}²: {b:.2f} / {m:.2f}" for n, (b, m) in by_n.items())
         print(f"{dtype:>8}  {cells}  max/min of medians {max(medians) / min(medians):.2f}")
-    os.makedirs(os.path.dirname(args.output), exist_ok=True)
+    # a bare file name has no folder part: makedirs('') would fail after the whole run
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     with open(args.output, "w") as f:
         json.dump(
             {

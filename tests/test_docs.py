@@ -332,3 +332,37 @@ def test_benchmark_command_lines_parse(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1]) == [], done.stderr[-3000:]
+
+
+_SW_BENCHMARK_OUTPUT = r"""
+import importlib.util, json, sys
+spec = importlib.util.spec_from_file_location("sw_bench", sys.argv[1])
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+# the measurements take minutes: stand-ins of their shapes, the table and the file are real
+bench.bandwidth = lambda seconds: {"numpy_GBps": 1.0, "jax_GBps": 1.0, "jax_copy_GBps": 1.0}
+bench.bench_physjax = lambda n, dtype, steps, hlo_path=None: (1e-3, {"plain": 1e-3}, 0, 0, 9)
+bench.flatness = lambda sizes, dtypes: {d: {n: (1.0, 1.0) for n in sizes} for d in dtypes}
+bench.main(["--sizes", "16", "--dtypes", "float32", "--no-numpy", "--output", "sw.json"])
+print(json.dumps(sorted(json.load(open("sw.json")))))
+"""
+
+
+def test_shallow_water_benchmark_writes_an_output_named_without_a_folder(tmp_path):
+    """``benchmarks/shallow_water.py --output sw.json`` (no folder in the name) writes
+    sw.json in the current directory; it used to fail at the very end of the run, in
+    ``os.makedirs('')``, and lose every figure measured."""
+    import json
+
+    done = subprocess.run(
+        [sys.executable, "-c", _SW_BENCHMARK_OUTPUT, str(ROOT / "benchmarks" / "shallow_water.py")],
+        cwd=tmp_path,
+        env=dict(os.environ, PHYSJAX_NO_ALLOCATOR_TUNING="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "wrote sw.json" in done.stdout
+    keys = json.loads(done.stdout.splitlines()[-1])
+    assert {"device", "bandwidth", "rows", "flatness_ns_best_median"} <= set(keys)
