@@ -255,6 +255,8 @@ def main(argv=None):
         help="write the compiled step's HLO text of the largest size there (hlo_N_DTYPE.txt)",
     )
     args = p.parse_args(argv)
+    if args.hlo:  # made now: the largest size, whose text goes there, is measured last
+        os.makedirs(args.hlo, exist_ok=True)
 
     device = jax.devices()[0]
     bw = bandwidth(0.5 if device.platform == "cpu" else 2.0)
