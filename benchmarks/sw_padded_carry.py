@@ -181,6 +181,8 @@ def main(argv=None):
         help="how the padded fields' halos are refilled (see _write)",
     )
     args = p.parse_args(argv)
+    if args.output:  # made now, not after minutes of measuring
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
     if args.core != "auto":
         from physjax.solvers.shallow_water import _model
 

@@ -386,3 +386,48 @@ def test_shallow_water_benchmark_makes_its_hlo_folder(tmp_path):
     done = _run_sw_benchmark(tmp_path, "--output", "sw.json", "--hlo", "new/hlo")
     assert done.returncode == 0, done.stderr[-3000:]
     assert (tmp_path / "new" / "hlo" / "hlo_16_float32.txt").is_file()
+
+
+_CARRY_BENCHMARK_FOLDER = r"""
+import importlib.util, os, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+spec = importlib.util.spec_from_file_location("carry_bench", sys.argv[1])
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+
+
+class Measuring(Exception):
+    pass
+
+
+def bandwidth(seconds):  # the first measurement: the run has begun
+    raise Measuring
+
+
+bench.bandwidth = bandwidth
+try:
+    bench.main(["--sizes", "8", "--output", "new/carry.json"])
+except Measuring:
+    print("folder made before measuring:", os.path.isdir("new"))
+"""
+
+
+def test_padded_carry_benchmark_makes_its_output_folder_before_measuring(tmp_path):
+    """``benchmarks/sw_padded_carry.py --output new/carry.json`` wrote its JSON with a bare
+    ``open`` after every size was measured, so a folder that did not exist yet lost the
+    whole run; the folder is made first now, as the other benchmarks make theirs."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _CARRY_BENCHMARK_FOLDER,
+            str(ROOT / "benchmarks" / "sw_padded_carry.py"),
+        ],
+        cwd=tmp_path,
+        env=dict(os.environ, PHYSJAX_NO_ALLOCATOR_TUNING="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "folder made before measuring: True" in done.stdout
