@@ -740,6 +740,13 @@ def _check_overwrite(output: str, overwrite: bool, command: str = "shallow-water
     stored = config.get("command") if isinstance(config, dict) else None
     if stored is None:  # poisson files written before they recorded their command
         stored = "poisson" if attrs.get("title") == "physjax poisson" else "(unknown)"
+    if status != STATUS_COMPLETE and not status.startswith("failed") and stored == "poisson":
+        # a solve has no --resume: one still marked running was killed before it ended
+        raise ValueError(
+            f"--output {output!r} holds an unfinished poisson solve (status {status!r}: it "
+            f"was stopped before it ended); pass --overwrite to replace it, or give another "
+            f"--output"
+        )
     if status != STATUS_COMPLETE and not status.startswith("failed"):
         raise ValueError(
             f"--output {output!r} holds an unfinished {stored} run (status {status!r}); "

@@ -930,6 +930,29 @@ def test_output_replaces_a_physjax_file_but_not_someone_elses(tmp_path, capsys):
     assert _poisson(tmp_path, *small, "--overwrite", name="sw.h5")[0] == 0
 
 
+def test_an_unfinished_solve_is_not_sent_to_a_resume_that_poisson_lacks(tmp_path, capsys):
+    """A solve killed before it ended (SIGKILL: its file stays marked running) was refused
+    with 'continue it with: physjax poisson --output … --resume', an option poisson does not
+    have; shallow-water pointed there too."""
+    small = ["--nx", "16", "--ny", "16"]
+    code, out = _poisson(tmp_path, *small)
+    assert code == 0
+    with h5py.File(out, "a") as f:
+        f.attrs["status"] = "running"
+    before = out.read_bytes()
+    capsys.readouterr()
+    assert _poisson(tmp_path, *small)[0] == 2
+    err = capsys.readouterr().err
+    assert "holds an unfinished poisson solve (status 'running'" in err
+    assert "--resume" not in err and "pass --overwrite to replace it" in err
+    fast = ["--case", "gravity-wave", "--n", "8", "--t-end", "3600", "--quiet"]
+    assert main(["shallow-water", *fast, "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "holds an unfinished poisson solve" in err and "--resume" not in err
+    assert out.read_bytes() == before
+    assert _poisson(tmp_path, *small, "--overwrite")[0] == 0
+
+
 @pytest.fixture
 def sigterm_unhandled(monkeypatch):
     """A SIGTERM that physjax leaves unhandled fails the test instead of killing pytest."""
