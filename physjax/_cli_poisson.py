@@ -374,6 +374,23 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
     return _in_grid_order(field, option)
 
 
+def _check_range(field: dict[str, Any], precision: str, option: str) -> None:
+    """Refuse values that the working precision cannot hold: a float64 field's values
+    beyond float32's range would be solved as inf (the file holds no inf, and its check
+    for non-finite values passed)."""
+    data = field["data"]
+    limit = float(np.finfo(precision).max)
+    if data.dtype.kind != "f" or data.dtype.itemsize <= np.dtype(precision).itemsize:
+        return
+    largest = float(np.max(np.abs(data)))
+    if largest > limit:
+        raise ValueError(
+            f"--{option}: {field['spec']} holds values up to {largest:.3g} in magnitude, beyond "
+            f"the range of --precision {precision} (±{limit:.3g}), where they would be inf; "
+            f"use --precision float64, or rescale the field"
+        )
+
+
 def _iterations(k: int) -> str:
     """``"1 iteration"``, ``"2 iterations"``."""
     return f"{k} iteration{'' if k == 1 else 's'}"
@@ -709,6 +726,9 @@ def _run(args, held: contextlib.ExitStack) -> int:
         rhs = read_field(s["rhs"], frame, "rhs", strict=not s.get("coefficient"))
     if s.get("coefficient"):
         coef = read_field(s["coefficient"], frame, "coefficient", strict=rhs is None)
+    for field, option in ((rhs, "rhs"), (coef, "coefficient")):
+        if field is not None:
+            _check_range(field, s["precision"], option)
     if frame is not None and rhs is None and coef is None:
         raise ValueError("--frame needs --rhs or --coefficient")
     if frame is not None and rhs is not None and coef is not None:

@@ -616,6 +616,7 @@ def rhs_file(tmp_path):
         h["bad"] = np.full((8, 8), np.nan)
         h["cplx"] = np.ones((8, 8), complex)
         h["odd"] = np.zeros((97, 97))
+        h["huge"] = np.full((8, 8), 1e39) * np.cos(np.arange(8))  # finite in float64 only
     xr.Dataset({"yz": (("y", "z"), np.ones((8, 8)))}).to_netcdf(path, "a", engine="h5netcdf")
     return path
 
@@ -658,6 +659,14 @@ def rhs_file(tmp_path):
         (["--rhs", "{rhs}:empty", "--bc", "periodic"], "empty holds no values (shape (0, 8, 8))"),
         (["--rhs", "{rhs}:bad", "--bc", "periodic"], "64 non-finite value(s)"),
         (["--rhs", "{rhs}:cplx", "--bc", "periodic"], "cplx is complex (dtype complex128)"),
+        (  # made inf by the cast to float32 and solved: NaN, a file marked failed, status 1
+            ["--rhs", "{rhs}:huge", "--bc", "dirichlet", "--precision", "float32"],
+            "huge holds values up to 1e+39 in magnitude, beyond the range of --precision float32",
+        ),
+        (
+            ["--coefficient", "{rhs}:huge", "--n", "8", "--precision", "float32"],
+            "--coefficient: {rhs}:huge holds values up to 1e+39 in magnitude, beyond the range",
+        ),
         (["--output", "p.PNG"], "--output 'p.PNG' names the NetCDF4/HDF5 data file"),
         (["--rhs", "{rhs}:forcing", "--bc", "periodic", "--frame", "3"], "out of range"),
         (["--rhs", "{rhs}:forcing", "--bc", "periodic", "--nx", "16"], "--nx=16 does not match"),
@@ -683,7 +692,7 @@ def test_bad_input_clear_error_and_no_file(tmp_path, capsys, rhs_file, extra, ma
     code, out = _poisson(tmp_path, *extra)
     err = capsys.readouterr().err
     assert code == 2, err
-    assert match in err
+    assert match.replace("{rhs}", str(rhs_file)) in err
     assert not out.exists()
     assert sorted(tmp_path.iterdir()) == before
 
