@@ -298,7 +298,8 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
             attrs = {}
             if scale is not None and scale.ndim == 1 and scale.shape[0] > 0:
                 attrs = {k: _text(v) for k, v in scale.attrs.items()}
-                if not attrs.get("NAME", "").startswith(
+                # a coordinate of labels (text) gives no positions: taken as none
+                if np.issubdtype(scale.dtype, np.number) and not attrs.get("NAME", "").startswith(
                     "This is a netCDF dimension but not a netCDF variable"
                 ):
                     values = np.asarray(scale[...], dtype=float)

@@ -839,6 +839,22 @@ def test_coordinate_units(tmp_path, capsys):
     assert code == 2 and not out.exists()
     assert "the y coordinate of" in err and "decreases (8 … 1)" in err, err
     assert "store the variable with y increasing (with xarray, ds.sortby('y'))" in err
+    # a coordinate of labels gives no positions: a box of 1 m (or --lx) along it, as without
+    # one; it stopped with "error: could not convert string to float: b's0'", naming nothing
+    labels = tmp_path / "labels.nc"
+    xr.Dataset({"f": (("y", "x"), f)}, coords={"x": ("x", [f"s{i}" for i in range(16)])}).to_netcdf(
+        labels, engine="h5netcdf"
+    )
+    code, out = _poisson(tmp_path, "--rhs", f"{labels}:f", "--bc", "periodic", name="l.h5")
+    assert code == 0, capsys.readouterr().err
+    with xr.open_dataset(out) as ds:
+        assert json.loads(ds.attrs["configuration"])["extent"] == [1.0, 1.0]
+    code, out = _poisson(
+        tmp_path, "--rhs", f"{labels}:f", "--bc", "periodic", "--lx", "4e3", name="l.h5"
+    )
+    assert code == 0
+    with xr.open_dataset(out) as ds:
+        assert json.loads(ds.attrs["configuration"])["extent"] == [1.0, 4e3]
 
 
 def test_packed_and_missing_values_read_as_cf_readers_do(tmp_path, capsys):
