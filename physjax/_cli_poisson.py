@@ -312,6 +312,7 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
         if isinstance(units, bytes):
             units = units.decode()
         shape = ds.shape
+        stored = tuple(d or "?" for d in dims)  # as the file has them, a time dimension too
         time_value = time_units = None
         later = [k for k in range(1, len(dims)) if timelike[k]]
         if later:
@@ -348,8 +349,9 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
             index = None
     if data.ndim not in (2, 3):
         raise ValueError(
-            f"--{option}: {spec} has dimensions {tuple(d or '?' for d in dims)} of shape "
-            f"{data.shape}; need a 2-D (y, x) or 3-D (z, y, x) field"
+            f"--{option}: {spec} has dimensions {stored} of shape {shape}; need a 2-D (y, x) "
+            f"or 3-D (z, y, x) field"
+            + ("" if index is None else f" (after its leading time dimension {stored[0]!r})")
         )
     if not np.issubdtype(data.dtype, np.number) or data.dtype == bool:
         raise ValueError(f"--{option}: {spec} is not numeric (dtype {data.dtype})")

@@ -656,6 +656,11 @@ def rhs_file(tmp_path):
         (["--rhs", "nofile.h5:f", "--bc", "periodic"], "file 'nofile.h5' does not exist"),
         (["--rhs", "{rhs}:nope", "--bc", "periodic"], "has no variable 'nope'"),
         (["--rhs", "{rhs}:line", "--bc", "periodic"], "need a 2-D (y, x) or 3-D"),
+        (  # told as its frame's: "time has dimensions () of shape ()"
+            ["--rhs", "{rhs}:time", "--bc", "periodic"],
+            "time has dimensions ('time',) of shape (3,); need a 2-D (y, x) or 3-D (z, y, x) "
+            "field (after its leading time dimension 'time')",
+        ),
         (["--rhs", "{rhs}:empty", "--bc", "periodic"], "empty holds no values (shape (0, 8, 8))"),
         (["--rhs", "{rhs}:bad", "--bc", "periodic"], "64 non-finite value(s)"),
         (["--rhs", "{rhs}:cplx", "--bc", "periodic"], "cplx is complex (dtype complex128)"),
