@@ -302,7 +302,9 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
                 if np.issubdtype(scale.dtype, np.number) and not attrs.get("NAME", "").startswith(
                     "This is a netCDF dimension but not a netCDF variable"
                 ):
-                    values = np.asarray(scale[...], dtype=float)
+                    values = np.asarray(scale[...])  # float32 kept: its rounding is known
+                    if values.dtype.kind != "f":
+                        values = values.astype(float)
                     unit = attrs.get("units")
             coords.append(values)
             coord_units.append(unit)
@@ -651,6 +653,8 @@ def _geometry_from_coords(field: dict, lengths: list, names: tuple[str, ...]):
             origin.append(0.0)
             continue
         unit = field["coord_units"][axis]
+        rounding = float(np.finfo(values.dtype).eps)  # of the stored values
+        values = values.astype(float)
         if unit:
             if unit.strip().lower() not in LENGTH_UNITS:
                 raise ValueError(
@@ -660,8 +664,12 @@ def _geometry_from_coords(field: dict, lengths: list, names: tuple[str, ...]):
                 )
             values = values * LENGTH_UNITS[unit.strip().lower()]
         step = np.diff(values)
-        d = float(step[0])
-        if d < 0 and np.allclose(step, d, rtol=1e-6, atol=0):  # --l… would reverse the axis
+        d = float(values[-1] - values[0]) / (n - 1)
+        # uniform to 1e-6 of the step, or to the rounding of the stored values: float32
+        # coordinates keep a 100 m step at 1000 km to 6e-4 of itself, 0.1 km steps to 5e-6
+        tol = max(1e-6 * abs(d), 4 * rounding * float(np.max(np.abs(values))))
+        uniform = bool(np.allclose(step, d, rtol=0, atol=tol))
+        if d < 0 and uniform:  # --l… would reverse the axis
             dim = field["dims"][axis] or names[axis]
             raise ValueError(
                 f"--rhs: the {names[axis]} coordinate of {field['spec']} decreases "
@@ -670,7 +678,7 @@ def _geometry_from_coords(field: dict, lengths: list, names: tuple[str, ...]):
                 f"— a length given with --l{names[axis]} would take the values by position, "
                 f"the axis reversed"
             )
-        if not (d > 0 and np.allclose(step, d, rtol=1e-6, atol=0)):
+        if not (d > 0 and uniform):
             raise ValueError(
                 f"--rhs: the {names[axis]} coordinate of {field['spec']} is not uniformly "
                 f"increasing; give the domain length with --l{names[axis]}"

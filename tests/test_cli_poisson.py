@@ -844,6 +844,21 @@ def test_coordinate_units(tmp_path, capsys):
     assert code == 2 and not out.exists()
     assert "the y coordinate of" in err and "decreases (8 … 1)" in err, err
     assert "store the variable with y increasing (with xarray, ds.sortby('y'))" in err
+    # uniform coordinates stored in float32 (as many models write them): 0.1 km steps vary
+    # by 5e-6 of themselves through rounding alone, and were refused as not uniform
+    single = tmp_path / "single.nc"
+    xr.Dataset(
+        {"f": (("y", "x"), np.tile(f, (8, 1)))},
+        coords={
+            "y": ("y", (0.1 * (np.arange(64) + 0.5)).astype("f4"), {"units": "km"}),
+            "x": ("x", (-3.3e5 + 1.1e4 * (np.arange(16) + 0.5)).astype("f4"), {"units": "m"}),
+        },
+    ).to_netcdf(single, engine="h5netcdf")
+    code, out = _poisson(tmp_path, "--rhs", f"{single}:f", "--bc", "periodic", name="s.h5")
+    assert code == 0, capsys.readouterr().err
+    with xr.open_dataset(out) as ds:
+        np.testing.assert_allclose(json.loads(ds.attrs["configuration"])["extent"], [6400, 176e3])
+        np.testing.assert_allclose(ds["y"], 100.0 * (np.arange(64) + 0.5), rtol=1e-6)
     # a coordinate of labels gives no positions: a box of 1 m (or --lx) along it, as without
     # one; it stopped with "error: could not convert string to float: b's0'", naming nothing
     labels = tmp_path / "labels.nc"
