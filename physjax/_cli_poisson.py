@@ -495,11 +495,14 @@ def _check_coefficient_grid(rhs: dict, coef: dict, names) -> None:
         vr, vc = rhs["coords"][axis], coef["coords"][axis]
         if vr is None or vc is None:
             continue
+        rounding = max(float(np.finfo(v.dtype).eps) for v in (vr, vc))  # float32's, if stored so
+        vr, vc = vr.astype(float), vc.astype(float)
         mr, mc = _in_metres(vr, rhs["coord_units"][axis]), _in_metres(vc, coef["coord_units"][axis])
         if mr is None or mc is None:
             continue
         span = float(np.ptp(mr)) or 1.0
-        if not np.allclose(mr, mc, rtol=0, atol=1e-6 * span):
+        tol = max(1e-6 * span, 4 * rounding * float(np.max(np.abs(mr))))
+        if not np.allclose(mr, mc, rtol=0, atol=tol):
             raise ValueError(
                 f"--coefficient {coef['spec']}: its {name} coordinate ({mc[0]:g} … {mc[-1]:g} m) "
                 f"is not the one of --rhs {rhs['spec']} ({mr[0]:g} … {mr[-1]:g} m); give the "

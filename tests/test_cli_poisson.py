@@ -1179,6 +1179,23 @@ def test_a_coefficient_on_another_grid_is_refused_and_units_follow_it(tmp_path, 
     with h5py.File(out, "r") as h:
         units = {k: h[k].attrs["units"] for k in ("u", "f", "a")}
     assert units == {"u": "s-1 m", "f": "s-1", "a": "m"}  # [f] m2 / [a]
+    # the same points far from the origin (UTM northings), the coefficient's stored in
+    # float32: rounded by up to 0.25 m, which 1e-6 of the extent (1.6e-4 m) refused
+    far = x + 5.0e6 + 0.2
+    utm = tmp_path / "utm.nc"
+    xr.Dataset(
+        {"f": (("y", "x"), f, {"units": "s-1"})},
+        coords={"x": ("x", x, {"units": "m"}), "y": ("y", far, {"units": "m"})},
+    ).to_netcdf(utm, engine="h5netcdf")
+    a32 = tmp_path / "a32.nc"
+    xr.Dataset(
+        {"a": (("y", "x"), np.full((16, 16), 2.0))},
+        coords={"x": ("x", x.astype("f4")), "y": ("y", far.astype("f4"))},
+    ).to_netcdf(a32, engine="h5netcdf")
+    code, _ = _poisson(
+        tmp_path, "--rhs", f"{utm}:f", "--coefficient", f"{a32}:a", "--bc", "periodic"
+    )
+    assert code == 0, capsys.readouterr().err
 
 
 def test_a_file_locked_by_a_writer_is_waited_for(tmp_path, capsys, monkeypatch):
