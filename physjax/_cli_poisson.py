@@ -950,8 +950,9 @@ def _run(args, held: contextlib.ExitStack) -> int:
     centre = ("centre",) * ndim
     a_units = "1" if coef is None else (coef["units"] or "1")
     unknown = ""
-    if rhs is None:
-        f_units, u_units = "m-2", "1"
+    if rhs is None:  # u dimensionless, unless a --coefficient with units divides it
+        f_units = "m-2"
+        u_units = _solution_units(f_units, a_units)
     else:
         f_units = rhs["units"] or "1"
         u_units = _solution_units(f_units, a_units)

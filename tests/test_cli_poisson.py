@@ -1179,6 +1179,12 @@ def test_a_coefficient_on_another_grid_is_refused_and_units_follow_it(tmp_path, 
     with h5py.File(out, "r") as h:
         units = {k: h[k].attrs["units"] for k in ("u", "f", "a")}
     assert units == {"u": "s-1 m", "f": "s-1", "a": "m"}  # [f] m2 / [a]
+    # a manufactured case's f (m-2) with that coefficient: u was given units 1 whatever a's
+    code, out = _poisson(tmp_path, "--case", "dirichlet", "--n", "16", "--coefficient", km)
+    assert code == 0, capsys.readouterr().err
+    with h5py.File(out, "r") as h:
+        units = {k: h[k].attrs["units"] for k in ("u", "f", "a")}
+    assert units == {"u": "m-1", "f": "m-2", "a": "m"}
     # the same points far from the origin (UTM northings), the coefficient's stored in
     # float32: rounded by up to 0.25 m, which 1e-6 of the extent (1.6e-4 m) refused
     far = x + 5.0e6 + 0.2
