@@ -54,6 +54,8 @@ POISSON_KEYS = (
     "plot",
     "quiet",
 )
+#: The most iterations a solve takes: its counter is a 32-bit integer where float64 is off.
+MAX_ITERATIONS = 2**31 - 1
 DEFAULTS = dict(
     case="periodic-sines",
     n=64,
@@ -206,6 +208,11 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     settings["max_iterations"] = _positive_number(
         "--max-iterations", settings["max_iterations"], integer=True
     )
+    if settings["max_iterations"] > MAX_ITERATIONS:  # the solve counts in 32-bit integers
+        raise ValueError(
+            f"--max-iterations must be at most {MAX_ITERATIONS} (2**31 - 1), got "
+            f"{settings['max_iterations']}"
+        )
     rtol = settings.get("rtol")
     if rtol is not None:
         ok = isinstance(rtol, (int, float)) and not isinstance(rtol, bool)

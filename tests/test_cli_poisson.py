@@ -646,6 +646,10 @@ def rhs_file(tmp_path):
         (["--shift", "0"], "--shift must be a finite number > 0, got 0.0"),
         (["--shift", "nan"], "--shift must be a finite number > 0, got nan"),
         (["--max-iterations", "0"], "--max-iterations must be a positive integer"),
+        (  # an OverflowError traceback from the compiled float32 solve (exit status 1)
+            ["--max-iterations", "3000000000", "--precision", "float32", "--method", "cg"],
+            "--max-iterations must be at most 2147483647 (2**31 - 1), got 3000000000",
+        ),
         (["--devices", "3"], "--devices 3: the mesh does not divide the grid: ny=64"),
         (  # the slabs of the spectral method: the layout 2x2 divides 6×6, 4 slabs do not
             ["--n", "6", "--devices", "4"],
