@@ -682,6 +682,12 @@ def rhs_file(tmp_path):
         (["--rhs", "{rhs}:forcing", "--bc", "periodic", "--n", "16"], "--n=16 does not match"),
         (["--rhs", "{rhs}:forcing"], "--rhs needs --bc"),
         (["--lz", "5"], "--lz given, but the problem is 2-D"),
+        (  # OverflowError tracebacks (exit status 1) from the case's f and the stencil's 1/h²
+            ["--lx", "1e-160"],
+            "--lx 1e-160 over 64 cells gives a spacing of 1.56e-162 m, whose square or its "
+            "inverse is beyond the range of float64",
+        ),
+        (["--ly", "1e308", "--case", "dirichlet"], "--ly 1e+308 over 64 cells gives a spacing"),
         (["--rhs", "{rhs}:forcing", "--bc", "periodic", "--lz", "5"], "--lz given"),
         (["--rhs", "{rhs}:yz", "--bc", "periodic"], "needs dimensions along y, x"),
         (["--rhs", "{rhs}"], "--rhs must be FILE:VARIABLE"),
