@@ -368,6 +368,8 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
         raise ValueError(f"--{option}: {spec} is complex (dtype {data.dtype}); give a real field")
     if data.size == 0:
         raise ValueError(f"--{option}: {spec} holds no values (shape {data.shape})")
+    if not data.dtype.isnative:  # big-endian in the file: JAX takes native byte order only
+        data = data.astype(data.dtype.newbyteorder("="))
     bad = int(np.sum(~np.isfinite(data)))
     if bad:
         raise ValueError(f"--{option}: {spec} holds {bad} non-finite value(s) (NaN/Inf)")

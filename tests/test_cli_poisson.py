@@ -1214,6 +1214,24 @@ def test_a_coefficient_on_another_grid_is_refused_and_units_follow_it(tmp_path, 
     assert code == 0, capsys.readouterr().err
 
 
+def test_big_endian_fields_are_read(tmp_path, capsys):
+    """A coefficient stored big-endian (as some Fortran models and older archives write
+    them) was refused as 'coefficient must be a positive number or a real array of the
+    grid's shape', JAX taking native byte order only; the right-hand side was read."""
+    path = tmp_path / "be.h5"
+    f = np.sin(np.arange(256.0)).reshape(16, 16)
+    with h5py.File(path, "w") as h:
+        h.create_dataset("f", data=f, dtype=">f8")
+        h.create_dataset("a", data=np.full((16, 16), 2.0), dtype=">f8")
+    spec = ["--rhs", f"{path}:f", "--coefficient", f"{path}:a", "--bc", "dirichlet"]
+    code, out = _poisson(tmp_path, *spec)
+    assert code == 0, capsys.readouterr().err
+    with xr.open_dataset(out) as ds:
+        u = np.asarray(ds["u"])
+    grid = Grid((16, 16), (1.0, 1.0), periodic=False, dtype="float64")
+    np.testing.assert_allclose(u, np.asarray(PoissonSolver(grid, "dirichlet")(f)) / 2, atol=1e-12)
+
+
 def test_a_file_locked_by_a_writer_is_waited_for(tmp_path, capsys, monkeypatch):
     """A run writing its file holds HDF5's lock for each frame: --rhs waits for it (it used
     to fail at once with a raw 'unable to lock file' error), and says so if it lasts."""
