@@ -317,9 +317,8 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
             coord_units.append(unit)
             timelike.append(_is_time(label, attrs))
             boundaries.append(attrs.get("boundary"))
-        units = ds.attrs.get("units")
-        if isinstance(units, bytes):
-            units = units.decode()
+        units = ds.attrs.get("units")  # text, also as bytes or a 1-element array (MATLAB's)
+        units = None if units is None else _text(units)
         shape = ds.shape
         stored = tuple(d or "?" for d in dims)  # as the file has them, a time dimension too
         time_value = time_units = None

@@ -1232,6 +1232,24 @@ def test_big_endian_fields_are_read(tmp_path, capsys):
     np.testing.assert_allclose(u, np.asarray(PoissonSolver(grid, "dirichlet")(f)) / 2, atol=1e-12)
 
 
+def test_units_stored_as_one_element_arrays_are_read(tmp_path, capsys):
+    """A units attribute stored as a 1-element array (MATLAB's h5writeatt, some h5py
+    writers) stopped the command with "AttributeError: 'numpy.ndarray' object has no
+    attribute 'split'" and a traceback."""
+    path = tmp_path / "arr.h5"
+    with h5py.File(path, "w") as h:
+        h["f"] = np.sin(np.arange(64.0)).reshape(8, 8)
+        h["f"].attrs["units"] = np.array([b"s-1"])
+        h["a"] = np.ones((8, 8))
+        h["a"].attrs["units"] = np.array(["m"], dtype=h5py.string_dtype())
+    spec = ["--rhs", f"{path}:f", "--coefficient", f"{path}:a", "--bc", "dirichlet"]
+    code, out = _poisson(tmp_path, *spec)
+    assert code == 0, capsys.readouterr().err
+    with h5py.File(out, "r") as h:
+        units = {k: h[k].attrs["units"] for k in ("u", "f", "a")}
+    assert units == {"u": "s-1 m", "f": "s-1", "a": "m"}
+
+
 def test_a_file_locked_by_a_writer_is_waited_for(tmp_path, capsys, monkeypatch):
     """A run writing its file holds HDF5's lock for each frame: --rhs waits for it (it used
     to fail at once with a raw 'unable to lock file' error), and says so if it lasts."""
