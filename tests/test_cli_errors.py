@@ -51,6 +51,27 @@ def test_grids_too_small_for_the_case_are_refused_before_any_file(tmp_path, caps
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        # a typo in the exponent: the spacing's square underflows, or overflows, in float64
+        (["--param", "Lx=1e-300"], "parameter Lx = 1e-300 m over 16 cells gives a spacing"),
+        (["--case", "zonal-jet", "--param", "Ly=1e300"], "parameter Ly = 1e+300 m over 16"),
+        # in float32, 1/dx**2 of the viscous stencil overflows
+        (["--case", "wind-gyre", "--param", "Lx=1e-25"], "beyond the range of float32"),
+    ],
+)
+def test_domain_lengths_whose_spacing_overflows_are_refused(tmp_path, capsys, extra, match):
+    out = tmp_path / "o.h5"
+    argv = ["shallow-water", "--n", "16", "--t-end", "3600", "--quiet", "--output", str(out)]
+    code, err = _error(capsys, [*argv, *extra])
+    assert code == 2
+    assert match in err
+    assert "(--param, or the [parameters] table of --config)" in err
+    assert len(err.strip().splitlines()) == 1, err  # no traceback
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /dev/null and mkfifo")
 def test_devices_and_pipes_are_never_replaced_or_opened(tmp_path, capsys):
     """/dev/null used to be replaced by the output file with --overwrite (as the error

@@ -502,6 +502,16 @@ def make_case(
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"grid size {axis} must be a positive integer, got {n!r}")
     _positive(p, "Lx", "Ly", "t_end")
+    # the stencils divide by the spacing (viscosity by its square): both must stay finite
+    largest = float(np.finfo(precision).max)
+    for key, n in (("Lx", nx), ("Ly", ny)):
+        d = p[key] / n
+        if not largest**-0.5 < d < largest**0.5:
+            raise ValueError(
+                f"parameter {key} = {p[key]:g} m over {n} cells gives a spacing of {d:.3g} m, "
+                f"whose square or its inverse is beyond the range of {precision}: give a "
+                f"spacing between {largest**-0.5:.1e} and {largest**0.5:.1e} m"
+            )
     grid = Grid((ny, nx), (p["Ly"], p["Lx"]), periodic=_PERIODIC[name], dtype=precision)
     try:
         model, state = spec.build(grid, p)
