@@ -474,6 +474,18 @@ def test_dt_checks_of_advance_step_check_dt_and_tolerances(adjust):
             m.solve_diffrax(s, 0.0, 100.0, **kw)
 
 
+def test_barotropic_instability_perturbs_a_jet_without_rotation():
+    # with coriolis = beta = 0 the balanced h is flat: the bump, scaled by the jet's height
+    # range alone, vanished and the unstable jet was never perturbed
+    c = make_case("barotropic-instability", nx=32, ny=16, coriolis=0.0, beta=0.0)
+    h = np.asarray(c.state.h, np.float64)
+    bump = np.ptp(h - h.mean(axis=1, keepdims=True))
+    scale = 20.0**2 / 9.81  # U²/g, the default jet's dynamic height
+    assert 0.5 * 0.02 * scale < bump < 2 * 0.02 * scale
+    default = make_case("barotropic-instability", nx=32, ny=16, perturbation=0.0)
+    assert np.ptp(np.asarray(default.state.h)) > scale  # the default run is unchanged
+
+
 # ----------------------------------------------------------------------- 12. make_case checks
 def test_make_case_numpy_scalars_and_aliased_modes():
     a = make_case("gravity-wave", nx=8, ny=8, mean_depth=np.float32(100.0))

@@ -180,12 +180,14 @@ def _barotropic_instability(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowW
     _nonnegative(p, "perturbation")
     damping = _damping(p)
     u, h = _balanced_jet(grid, p)
-    # A small height bump along the jet axis, made of zonal modes 3-6 with fixed phases.
+    # A small height bump along the jet axis, made of zonal modes 3-6 with fixed phases, as a
+    # fraction of the jet's height scale: the balanced height range, or U²/g where that is
+    # larger (a jet with little or no rotation, whose balanced h is nearly or exactly flat).
     y, x = grid.mesh_coordinates(CENTRE)
     yc = y - (grid.origin[0] + 0.5 * grid.extent[0])
     kx = 2 * np.pi / grid.extent[1]
     wave = sum(np.cos(m * kx * x + 0.7 * m) for m in (3, 4, 5, 6)) / 4
-    dh = np.ptp(h)
+    dh = max(np.ptp(h), p["jet_speed"] ** 2 / p["gravity"])
     h = h + p["perturbation"] * dh * wave * np.exp(-((yc / p["jet_width"]) ** 2))
     model = ShallowWater(
         grid,
