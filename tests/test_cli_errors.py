@@ -72,6 +72,24 @@ def test_domain_lengths_whose_spacing_overflows_are_refused(tmp_path, capsys, ex
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize(
+    "param, match",
+    [
+        # beyond a 64-bit integer: accepted, then the file's attribute could not be written
+        (f"mode_x={2**70}", "parameter mode_x must be an integer between -(2**63 - 1) and"),
+        # beyond a float: an OverflowError traceback
+        (f"mean_depth={10**400}", "parameter mean_depth must be a finite number, got an int"),
+    ],
+)
+def test_integers_too_large_for_the_parameter_are_refused(tmp_path, capsys, param, match):
+    out = tmp_path / "o.h5"
+    code, err = _error(capsys, ["shallow-water", *FAST, "--output", str(out), "--param", param])
+    assert code == 2
+    assert match in err
+    assert len(err.strip().splitlines()) == 1, err  # no traceback
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /dev/null and mkfifo")
 def test_devices_and_pipes_are_never_replaced_or_opened(tmp_path, capsys):
     """/dev/null used to be replaced by the output file with --overwrite (as the error

@@ -440,6 +440,20 @@ def _check_type(name: str, value: Any, default: Any) -> None:
             f"parameter {name} must be {kind} (default {default!r}), got {value!r} "
             f"({type(value).__name__})"
         )
+    big = isinstance(value, int) and abs(value) > np.iinfo(np.int64).max
+    if big and isinstance(default, int):  # the output file records it as a 64-bit integer
+        raise ValueError(
+            f"parameter {name} must be an integer between -(2**63 - 1) and 2**63 - 1, got "
+            f"one of {value.bit_length()} bits"
+        )
+    if big:
+        try:
+            float(value)
+        except OverflowError:
+            raise ValueError(
+                f"parameter {name} must be a finite number, got an integer of "
+                f"{value.bit_length()} bits, beyond the range of a float"
+            ) from None
     choices = _CHOICES.get(name)
     if choices is not None and value not in choices:
         names = " or ".join(", ".join(map(repr, choices)).rsplit(", ", 1))
