@@ -207,6 +207,38 @@ def test_config_keys_documented_are_the_accepted_ones():
     assert keys == set(RUN_KEYS)
 
 
+def test_case_parameter_table_is_the_cases_defaults():
+    """docs/shallow_water.md's table of case parameters lists every parameter of every
+    case, with its default, and nothing a case does not take."""
+    from physjax.solvers.shallow_water import CASES
+
+    text = (ROOT / "docs" / "shallow_water.md").read_text()
+    header = re.search(r"^\| parameter \| meaning \[units\] \|(.*)\|$", text, re.M)
+    cases = re.findall(r"`([a-z-]+)`", header.group(1))
+    assert cases == list(CASES)
+    rows = text[header.end() :].split("\n\n", 1)[0].strip().splitlines()[1:]  # after |---|
+    seen = {name: {} for name in cases}
+    for row in rows:
+        cells = [c.strip() for c in row.replace("\\|", "¦").strip("|").split("|")]
+        names = re.findall(r"`(\w+)`", cells[0])
+        for case, cell in zip(cases, cells[2:], strict=True):
+            if not cell:
+                continue
+            values = [v.strip().split(" ")[0].strip('`"') for v in cell.split(",")]
+            assert len(values) == len(names), (case, names, cell)
+            seen[case].update(zip(names, values))
+    for case, spec in CASES.items():
+        assert set(seen[case]) == set(spec.defaults), case
+        for name, value in seen[case].items():
+            default = spec.defaults[name]
+            if isinstance(default, str):
+                assert value == default, (case, name)
+            elif value.startswith("20π/"):  # zonal-jet: ten inertial periods
+                assert default == pytest.approx(20 * math.pi / spec.defaults["coriolis"])
+            else:
+                assert float(value) == pytest.approx(default, rel=1e-12), (case, name)
+
+
 def test_config_settings_the_command_line_cannot_undo_are_named():
     """A config-file setting whose only option is a one-way flag (--quiet, --no-cfl-check)
     cannot be undone from the command line: the --config row names each as an exception to
