@@ -1055,6 +1055,12 @@ def _check_edited_operator(solver: PoissonSolver) -> None:
             f"coefficient must have the grid's shape {shape}, got {np.shape(a)} (a constant "
             f"coefficient c: jnp.full(grid.shape, c), or build a new PoissonSolver)"
         )
+    if a is not None and solver.method == "spectral":  # was solved as if a = 1
+        raise ValueError(
+            "coefficient is not supported by method='spectral', which solves the "
+            "constant-coefficient Laplacian only; build a PoissonSolver with method='cg' or "
+            "'multigrid' for a coefficient field"
+        )
     if c is None:
         return
     if np.ndim(c) and tuple(np.shape(c)) != shape:
