@@ -796,8 +796,10 @@ class PoissonSolver(eqx.Module):
             if residual:
                 rel = _relative_norm(b - self.operator(u), b)
                 # A direct solve fails on NaN or Inf in f (or overflow), and when u lies below
-                # the smallest normal number and is flushed to zero (u = 0: residual 1)
-                ok = jnp.isfinite(rel) & (rel < 1)
+                # the smallest normal number and is flushed to zero (u = 0 for f ≠ 0). Not
+                # "rel < 1": on a strongly anisotropic float32 grid the exact solution to
+                # round-off has a stencil residual above ‖f‖ (3.8 for 1e-2 × 1e2 cells)
+                ok = jnp.isfinite(rel) & ((rel == 0) | jnp.any(u != 0))
                 info = mg.IterativeInfo(info.iterations, rel, ok)
         return u, info, stats
 
