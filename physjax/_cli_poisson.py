@@ -799,21 +799,17 @@ def _run(args, held: contextlib.ExitStack) -> int:
         extent, origin = _geometry_from_coords(rhs, lengths, names)
     else:
         extent, origin = [v if v is not None else 1.0 for v in lengths], [0.0] * ndim
-    # the stencil divides by h² and u grows as f h²: both must stay finite
-    largest = float(np.finfo(s["precision"]).max)
+    from .grids._grid import spacing_out_of_range
+
     for name, length, n in zip(names, extent, shape):
-        h = length / n
-        if not largest**-0.5 < h < largest**0.5:
+        problem = spacing_out_of_range(length, n, s["precision"])
+        if problem:
             where = (
                 f"--l{name} {length:g}"
                 if s.get(f"l{name}") is not None
                 else f"the {name} coordinate of --rhs {s['rhs']} ({length:g} m)"
             )
-            raise ValueError(
-                f"{where} over {n} cells gives a spacing of {h:.3g} m, whose square or its "
-                f"inverse is beyond the range of {s['precision']}: give a spacing between "
-                f"{largest**-0.5:.1e} and {largest**0.5:.1e} m"
-            )
+            raise ValueError(f"{where} {problem}")
     if coef is not None and tuple(coef["data"].shape) != tuple(shape):
         raise ValueError(
             f"--coefficient {s['coefficient']} has shape {coef['data'].shape}, the grid is "

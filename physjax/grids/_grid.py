@@ -53,6 +53,21 @@ def check_location(location, ndim: int, what: str = "location") -> tuple[str, ..
     return loc
 
 
+def spacing_out_of_range(length: float, n: int, dtype) -> str | None:
+    """Why ``length / n`` cannot be a grid spacing in ``dtype``: the stencils divide by h²
+    (and a Poisson solution grows as f h²), so h² and 1/h² must both be finite. ``None``
+    when it can; else the end of a message whose caller names the length."""
+    largest = float(np.finfo(dtype).max)
+    low, high, h = largest**-0.5, largest**0.5, length / n
+    if low < h < high:
+        return None
+    return (
+        f"over {n} cells gives a spacing of {h:.3g} m, whose square or its inverse is beyond "
+        f"the range of {np.dtype(dtype).name}: give a spacing between {low:.1e} and "
+        f"{high:.1e} m"
+    )
+
+
 def require_enabled_dtype(grid: Grid) -> None:
     """Refuse a float64 grid while ``jax_enable_x64`` is off: jax would make its arrays
     float32 with no more than a warning, and a solver built on it compute in float32."""

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..._custom_types import is_concrete
 from ...grids import CENTRE, X_FACE, Y_FACE, Grid
+from ...grids._grid import spacing_out_of_range
 from ._model import Boundary, ShallowWater, ShallowWaterState
 
 DAY = 86400.0
@@ -519,16 +520,10 @@ def make_case(
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
             raise ValueError(f"grid size {axis} must be a positive integer, got {n!r}")
     _positive(p, "Lx", "Ly", "t_end")
-    # the stencils divide by the spacing (viscosity by its square): both must stay finite
-    largest = float(np.finfo(precision).max)
     for key, n in (("Lx", nx), ("Ly", ny)):
-        d = p[key] / n
-        if not largest**-0.5 < d < largest**0.5:
-            raise ValueError(
-                f"parameter {key} = {p[key]:g} m over {n} cells gives a spacing of {d:.3g} m, "
-                f"whose square or its inverse is beyond the range of {precision}: give a "
-                f"spacing between {largest**-0.5:.1e} and {largest**0.5:.1e} m"
-            )
+        problem = spacing_out_of_range(p[key], n, precision)
+        if problem:
+            raise ValueError(f"parameter {key} = {p[key]:g} m {problem}")
     grid = Grid((ny, nx), (p["Ly"], p["Lx"]), periodic=_PERIODIC[name], dtype=precision)
     try:
         model, state = spec.build(grid, p)
