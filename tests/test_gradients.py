@@ -826,3 +826,46 @@ def test_models_take_numpy_integer_sizes():
         pg.MLP(np.int64(0), 1, 4, 1, key=key)
     with pytest.raises(ValueError, match="width must be a positive int"):
         pg.MLP(3, 1, np.bool_(True), 1, key=key)
+
+
+@pytest.mark.multidevice
+def test_shard_map_over_points_first_order_and_nested_jvp_operators():
+    """Under ``shard_map``: the first-order operators and the nested-``jvp`` path (a hard
+    boundary condition around a model). Their constant directions did not vary over the mesh
+    axis as the points do, and JAX's varying-axes check failed for the gradient of any
+    first-order operator (a model's too) and for the recomputed second-order ones."""
+    assert len(jax.devices()) >= 4
+    mesh = jax.make_mesh((4,), ("points",), axis_types=(jax.sharding.AxisType.Auto,))
+    params, static = eqx.partition(_model("mlp", depth=1, width=6), eqx.is_inexact_array)
+    xs = _points(8)
+
+    def residual(params, xs, batched, recompute):
+        net = eqx.combine(params, static)
+
+        def u(x):  # zero on x_0 = 0 and x_0 = 1
+            return x[0] * (1 - x[0]) * net(x)
+
+        lap = pg.laplacian(u, spatial=(0, 1), batched=batched, recompute=recompute)
+        mixed = pg.second_partial(u, 0, 2, batched=batched, recompute=recompute)
+        r = (lap(xs) + mixed(xs)) if batched else jax.vmap(lambda x: lap(x) + mixed(x))(xs)
+        r = r + jax.vmap(pg.gradient(u, spatial=1))(xs)[:, 0]
+        return r + jax.vmap(pg.time_derivative(net))(xs)
+
+    def sharded_loss(params, batched, recompute):
+        local = jax.shard_map(
+            lambda p, x: jax.lax.psum(jnp.sum(residual(p, x, batched, recompute) ** 2), "points"),
+            mesh=mesh,
+            in_specs=(P(), P("points")),
+            out_specs=P(),
+        )
+        return local(params, xs)
+
+    ref = jnp.sum(residual(params, xs, False, False) ** 2)
+    g_ref = jax.grad(lambda p: jnp.sum(residual(p, xs, False, False) ** 2))(params)
+    for batched in (False, True):
+        for recompute in (True, False):
+            loss, g = jax.jit(jax.value_and_grad(sharded_loss), static_argnums=(1, 2))(
+                params, batched, recompute
+            )
+            assert _rel(loss, ref) < 1e-12
+            assert _tree_rel(g, g_ref) < 1e-10

@@ -113,6 +113,23 @@ def gate(z: Jet, u: Jet, v: Jet, form: Form) -> Jet:
     return Jet(value, jac, second)
 
 
+def _varying_axes(a: Array) -> frozenset:
+    return frozenset(getattr(getattr(jax.typeof(a), "mat", None), "varying", ()))
+
+
+def varying_like(a: Array, x: Array) -> Array:
+    """``a`` marked as varying over the ``shard_map`` axes that ``x`` varies over.
+
+    Inside ``shard_map`` a point varies over the mesh axes its batch is split along, the
+    constant directions do not; nested ``jax.jvp`` along such directions, vmapped over points
+    in a ``jax.checkpoint`` or differentiated, failed JAX's check that both operands of a
+    product vary over the same axes ("Primitive mul requires varying manual axes to match").
+    Outside ``shard_map`` ``a`` is returned unchanged.
+    """
+    axes = _varying_axes(x) - _varying_axes(a)
+    return jax.lax.pcast(a, tuple(sorted(axes)), to="varying") if axes else a
+
+
 def generic_jet(fn: Callable[[Array], Array], x: Array, directions: Array, form: Form) -> Jet:
     """Jet of any traceable ``fn`` by nested ``jax.jvp`` (forward mode), one pass per direction.
 
@@ -127,7 +144,7 @@ def generic_jet(fn: Callable[[Array], Array], x: Array, directions: Array, form:
         (value, dv), (_, d2) = jax.jvp(inner, (x,), (w,))
         return value, dv, d2
 
-    directions = directions.astype(x.dtype)
+    directions = varying_like(directions.astype(x.dtype), x)
     if form == "mixed":
         value, d0, d01 = pair(directions[0], directions[1])
         d1 = jax.jvp(fn, (x,), (directions[1],))[1]

@@ -10,7 +10,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from ._batch import batch_second, is_eqx_chain, per_entry, second_rows
-from ._jet import Form, Jet, elementwise, generic_jet, input_affine
+from ._jet import Form, Jet, elementwise, generic_jet, input_affine, varying_like
 from ._models import AbstractNeuralField, _chain, has_own_jet
 
 PointFn = Callable[[Float[Array, " d"]], Float[Array, "*m"]]
@@ -243,7 +243,7 @@ def _second(fn, x, indices, form: Form, recompute: bool, batched: bool) -> Array
 
 def _jacobian(fn, x, indices) -> tuple[Array, Array]:
     """``(fn(x), J)`` with ``J[p] = d fn / d x_{indices[p]}`` of shape ``(k, m)``, forward mode."""
-    directions = _directions(indices, x.shape[0], x.dtype)
+    directions = varying_like(_directions(indices, x.shape[0], x.dtype), x)
 
     def vec(y):
         return jnp.reshape(fn(y), (-1,))
