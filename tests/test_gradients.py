@@ -869,3 +869,17 @@ def test_shard_map_over_points_first_order_and_nested_jvp_operators():
             )
             assert _rel(loss, ref) < 1e-12
             assert _tree_rel(g, g_ref) < 1e-10
+
+
+def test_fourier_scale_must_be_a_positive_finite_number():
+    """An infinite scale made infinite frequencies (every output NaN) without a word, and
+    None, a string or an array failed inside the comparison with an unrelated message."""
+    key = jax.random.key(0)
+    for scale in (float("inf"), float("nan"), 0.0, -1.0, None, "2", 1j, jnp.ones(2)):
+        with pytest.raises(ValueError, match="scale .* must be a positive, finite real number"):
+            pg.FourierMLP(2, "scalar", 4, 1, scale=scale, key=key)
+    # a traced scale (a sweep over scales under jax.vmap) cannot be checked and is taken
+    freqs = jax.vmap(lambda s: pg.FourierMLP(2, 1, 4, 1, scale=s, key=key).frequencies)(
+        jnp.array([1.0, 2.0])
+    )
+    np.testing.assert_allclose(freqs[1], 2 * freqs[0], rtol=1e-12)

@@ -69,6 +69,22 @@ def _check_dtype(dtype):
     return resolved
 
 
+def _check_scale(scale) -> None:
+    """``scale`` checked to be a positive, finite real number (a traced one is taken as is)."""
+    if isinstance(scale, jax.core.Tracer):
+        return
+    ok = not isinstance(scale, (str, bool, np.bool_)) and np.ndim(scale) == 0
+    try:
+        ok = ok and np.isrealobj(scale) and bool(np.isfinite(scale) and scale > 0)
+    except TypeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"scale (the standard deviation of the frequencies) must be a positive, finite "
+            f"real number, got {scale!r}."
+        )
+
+
 def _chain(
     pre: Jet,
     steps: Sequence[tuple[Callable[[Array], Array], eqx.nn.Linear]],
@@ -249,8 +265,7 @@ class FourierMLP(AbstractNeuralField):
         if not _is_int(num_features) or num_features < 1:
             raise ValueError(f"num_features must be a positive int, got {num_features!r}.")
         num_features = int(num_features)
-        if not scale > 0:
-            raise ValueError(f"scale must be positive, got {scale!r}.")
+        _check_scale(scale)
         kb, km = jax.random.split(key)
         dtype = jnp.zeros((), dtype).dtype
         self.frequencies = scale * jax.random.normal(kb, (num_features, in_size), dtype)
