@@ -883,3 +883,21 @@ def test_fourier_scale_must_be_a_positive_finite_number():
         jnp.array([1.0, 2.0])
     )
     np.testing.assert_allclose(freqs[1], 2 * freqs[0], rtol=1e-12)
+
+
+def test_a_traced_index_is_named_as_traced():
+    """A component, spatial, i, j or time_index passed as a jit argument (or vmapped) was
+    refused as 'must be an int, got JitTracer(~int32[])' although it is an int."""
+    model = _model("mlp", out=2, depth=1, width=4)
+    x = _points(1)[0]
+    cases = [
+        ("component", lambda c: pg.laplacian(model, component=c)(x), 1),
+        ("spatial", lambda s: pg.laplacian(model, component=0, spatial=s)(x), jnp.arange(2)),
+        ("i", lambda i: pg.second_partial(model, i, 0, component=0)(x), 1),
+        ("time_index", lambda t: pg.time_derivative(model, time_index=t)(x), 1),
+    ]
+    for name, f, arg in cases:
+        with pytest.raises(TypeError, match=f"^{name} must be known when the operator is traced"):
+            jax.jit(f)(arg)
+    with pytest.raises(TypeError, match="component must be known .* rather than under jax.vmap"):
+        jax.vmap(lambda c: pg.laplacian(model, component=c)(x))(jnp.arange(2))

@@ -59,7 +59,18 @@ def _is_bool(i) -> bool:
     return isinstance(i, bool | np.bool_) or getattr(i, "dtype", None) == np.bool_
 
 
+def _check_concrete(i, name: str) -> None:
+    if isinstance(i, jax.core.Tracer):
+        raise TypeError(
+            f"{name} must be known when the operator is traced (Python ints or a concrete "
+            f"array), got the traced value {i!r}; pass it as a static argument "
+            "(jax.jit(..., static_argnums=...)) rather than a jit argument, and loop over it "
+            "in Python rather than under jax.vmap."
+        )
+
+
 def _as_index(i, name: str) -> int:
+    _check_concrete(i, name)
     if _is_bool(i):
         raise TypeError(f"{name} must be an int, got the boolean {i!r}.")
     try:
@@ -71,6 +82,7 @@ def _as_index(i, name: str) -> int:
 def _spatial_indices(spatial: Spatial, d: int, name: str = "spatial") -> tuple[int, ...]:
     if spatial is None:
         return tuple(range(d))
+    _check_concrete(spatial, name)
     if isinstance(spatial, Sequence) or getattr(spatial, "ndim", None) == 1:
         items = list(spatial)
     else:
