@@ -901,3 +901,11 @@ def test_a_traced_index_is_named_as_traced():
             jax.jit(f)(arg)
     with pytest.raises(TypeError, match="component must be known .* rather than under jax.vmap"):
         jax.vmap(lambda c: pg.laplacian(model, component=c)(x))(jnp.arange(2))
+
+
+@pytest.mark.parametrize("kind", ["mlp", "fourier", "modified"])
+def test_a_model_takes_a_point_given_as_a_list(kind):
+    """``u([0.5, 0.5])`` failed with "unsupported operand type(s) for @: ... and 'list'"."""
+    model = _model(kind, d=2, depth=1, width=4)
+    assert model([0.5, -0.25]) == model(jnp.array([0.5, -0.25]))
+    assert model((1, 2)) == model(jnp.array([1.0, 2.0]))

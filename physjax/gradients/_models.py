@@ -154,15 +154,17 @@ def _init_linears(sizes: Sequence[int], key: PRNGKeyArray, dtype) -> tuple[eqx.n
     )
 
 
-def _check_input(model: "AbstractNeuralField", x) -> None:
-    """Raise a clear error when ``x`` is not one point of shape ``(in_size,)``."""
-    shape = jnp.shape(x)
+def _check_input(model: "AbstractNeuralField", x) -> Array:
+    """``x`` as an array; a clear error when it is not one point of shape ``(in_size,)``."""
+    x = jnp.asarray(x)
+    shape = x.shape
     if shape != (model.in_size,):
         hint = "; use jax.vmap over points" if shape[-1:] == (model.in_size,) else ""
         raise ValueError(
             f"{type(model).__name__} takes one point x of shape ({model.in_size},) "
             f"(in_size={model.in_size}), got shape {shape}{hint}."
         )
+    return x
 
 
 def _finish(value: Array, out_size) -> Array:
@@ -211,7 +213,7 @@ class MLP(AbstractNeuralField):
         self.out_size = out_size
 
     def __call__(self, x: Float[Array, " d"]) -> Float[Array, "*m"]:
-        _check_input(self, x)
+        x = _check_input(self, x)
         h = x
         for lin in self.layers[:-1]:
             h = self.activation(lin(h))
@@ -281,7 +283,7 @@ class FourierMLP(AbstractNeuralField):
         return weight, phase
 
     def __call__(self, x: Float[Array, " d"]) -> Float[Array, "*m"]:
-        _check_input(self, x)
+        x = _check_input(self, x)
         weight, phase = self._embedding()
         return self.mlp(jnp.sin(weight @ x + phase))
 
@@ -339,7 +341,7 @@ class ModifiedMLP(AbstractNeuralField):
         self.out_size = out_size
 
     def __call__(self, x: Float[Array, " d"]) -> Float[Array, "*m"]:
-        _check_input(self, x)
+        x = _check_input(self, x)
         s = self.activation
         u, v = s(self.encoder_u(x)), s(self.encoder_v(x))
         h = s(self.layers[0](x))
