@@ -909,3 +909,17 @@ def test_a_model_takes_a_point_given_as_a_list(kind):
     model = _model(kind, d=2, depth=1, width=4)
     assert model([0.5, -0.25]) == model(jnp.array([0.5, -0.25]))
     assert model((1, 2)) == model(jnp.array([1.0, 2.0]))
+
+
+def test_fourier_frequencies_keep_the_model_dtype_whatever_the_scale():
+    """A NumPy scale (np.float64 from a config or np.logspace) promoted the frequencies of a
+    float32 model to float64, and with them the model's output and every operator."""
+    key = jax.random.key(0)
+    for dtype, scale in ((jnp.float32, np.float64(3.0)), (jnp.float16, np.float32(3.0))):
+        model = pg.FourierMLP(2, "scalar", 4, 1, scale=scale, key=key, dtype=dtype)
+        assert model.frequencies.dtype == dtype
+        x = jnp.array([0.1, 0.2], dtype)
+        assert model(x).dtype == dtype
+        assert pg.laplacian(model)(x).dtype == dtype
+        reference = pg.FourierMLP(2, "scalar", 4, 1, scale=3.0, key=key, dtype=dtype)
+        assert jnp.array_equal(model.frequencies, reference.frequencies)

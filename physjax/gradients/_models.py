@@ -270,7 +270,8 @@ class FourierMLP(AbstractNeuralField):
         _check_scale(scale)
         kb, km = jax.random.split(key)
         dtype = jnp.zeros((), dtype).dtype
-        self.frequencies = scale * jax.random.normal(kb, (num_features, in_size), dtype)
+        frequencies = scale * jax.random.normal(kb, (num_features, in_size), dtype)
+        self.frequencies = frequencies.astype(dtype)  # a NumPy float64 scale promoted them
         self.mlp = MLP(2 * num_features, out_size, width, depth, activation, key=km, dtype=dtype)
         self.in_size = in_size
         self.out_size = out_size
