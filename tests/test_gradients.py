@@ -923,3 +923,18 @@ def test_fourier_frequencies_keep_the_model_dtype_whatever_the_scale():
         assert pg.laplacian(model)(x).dtype == dtype
         reference = pg.FourierMLP(2, "scalar", 4, 1, scale=3.0, key=key, dtype=dtype)
         assert jnp.array_equal(model.frequencies, reference.frequencies)
+
+
+def test_points_of_a_one_dimensional_problem_given_as_a_flat_array():
+    """Points of a 1-D problem given as shape (N,), the usual linspace: jax.vmap of an operator
+    was told to 'use jax.vmap over points' (it had), and batched=True to 'pass one point with
+    batched=False'. Both now say that the points must have shape (N, 1)."""
+    u = _model("mlp", d=1, depth=1, width=4)
+    xs = jnp.linspace(0.0, 1.0, 5)
+    with pytest.raises(ValueError, match=r"shape \(1,\): jax.vmap over points of shape \(N, 1\)"):
+        jax.vmap(pg.laplacian(u))(xs)
+    with pytest.raises(ValueError, match=r"got shape \(5,\); for N points of a 1-D problem"):
+        pg.laplacian(u, batched=True)(xs)
+    with pytest.raises(ValueError, match=r"got shape \(\); for one point of a 1-D problem"):
+        pg.laplacian(u, batched=True)(xs[0])
+    assert pg.laplacian(u, batched=True)(xs[:, None]).shape == (5,)

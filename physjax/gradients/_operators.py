@@ -33,19 +33,27 @@ def _check_point(x, batched: bool = False) -> Array:
             "cast it with x.astype(float)."
         )
     if batched and x.ndim != 2:
-        hint = (
-            "pass one point with batched=False"
-            if x.ndim < 2
-            else "jax.vmap the operator over the leading axes, or reshape to (N, d)"
-        )
+        if x.ndim == 1:
+            hint = (
+                "for N points of a 1-D problem reshape them to (N, 1) (x[:, None]); for one "
+                "point pass batched=False"
+            )
+        elif x.ndim == 0:
+            hint = "for one point of a 1-D problem pass shape (1,) with batched=False"
+        else:
+            hint = "jax.vmap the operator over the leading axes, or reshape to (N, d)"
         raise ValueError(
             f"with batched=True, x must be a batch of points of shape (N, d), got shape "
             f"{x.shape}; {hint}."
         )
     if not batched and x.ndim != 1:
-        raise ValueError(
-            f"x must be one point of shape (d,), got shape {x.shape}; use jax.vmap over points."
+        hint = (
+            "a point of a 1-D problem has shape (1,): jax.vmap over points of shape (N, 1) "
+            "(x[:, None]), not (N,)"
+            if x.ndim == 0
+            else "use jax.vmap over points"
         )
+        raise ValueError(f"x must be one point of shape (d,), got shape {x.shape}; {hint}.")
     if x.shape[-1] == 0:
         raise ValueError(f"x must have at least one coordinate (d >= 1), got shape {x.shape}.")
     return x
