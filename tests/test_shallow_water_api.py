@@ -1239,3 +1239,32 @@ def test_time_spans_the_model_dtype_cannot_hold_are_refused(adjust):
     model, state, _ = adjust
     late, early = (model.solve_diffrax(state, t, t + 600.0) for t in (1e9, 0.0))
     assert _max_diff(late.ys, early.ys) <= 1e-9, _max_diff(late.ys, early.ys)
+
+
+@pytest.mark.multidevice
+def test_solve_diffrax_on_a_mesh_that_reaches_max_steps_raises_without_gathering(adjust):
+    """diffrax's own check of a failed solve (``throw=True``: ``eqx.error_if`` on the whole
+    solution) ran its callback on device 0 alone (XLA moving the sharded frames there), and
+    a solve on a mesh that reached ``max_steps`` left the other devices waiting at the
+    next collective until XLA aborted the process (after 40 s). The error is now raised
+    inside ``shard_map`` on every device's block, as ``physjax.parallel.error_if`` does."""
+    m, s, dt = adjust
+    mesh = make_mesh((2, 2))
+
+    def solve(st, max_steps):
+        return m.solve_diffrax(st, 0.0, 4 * dt, mesh=mesh, max_steps=max_steps).ys
+
+    # checked first, without running it: the old callback was pinned to one device
+    # ("{maximal device=0}"), and running it aborted the process
+    assert "maximal" not in jax.jit(solve, static_argnums=1).lower(s, 2).as_text()
+    ok = m.solve_diffrax(s, 0.0, 4 * dt, mesh=mesh, max_steps=50)
+    assert _max_diff(ok.ys, m.solve_diffrax(s, 0.0, 4 * dt).ys) <= 1e-12
+    with pytest.raises(Exception, match=r"maximum number of solver steps was reached"):
+        jax.block_until_ready(solve(s, 2))
+    batch = jax.tree.map(lambda a: jnp.stack([a, a]), s)  # under vmap too
+    with pytest.raises(Exception, match=r"maximum number of solver steps was reached"):
+        jax.block_until_ready(jax.vmap(lambda st: solve(st, 2))(batch))
+    failed = m.solve_diffrax(s, 0.0, 4 * dt, mesh=mesh, max_steps=2, throw=False)
+    assert failed.result != diffrax.RESULTS.successful
+    dense = m.solve_diffrax(s, 0.0, 4 * dt, mesh=mesh, saveat=diffrax.SaveAt(dense=True))
+    assert dense.ys is None and dense.evaluate(dt).h.shape == m.grid.shape

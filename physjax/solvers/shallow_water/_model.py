@@ -11,6 +11,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec
 from jaxtyping import Array, ArrayLike, Float
 
 from ..._custom_types import is_concrete
@@ -30,6 +31,7 @@ from ...grids import (
 )
 from ...grids._grid import require_enabled_dtype
 from ...parallel import decompose, place_on_mesh, shard, shard_map_fields
+from ...parallel._mesh import _specs
 from .._time_stepping import (
     DAMPING_LIMITS,
     SCHEMES,
@@ -1090,9 +1092,18 @@ class ShallowWater(eqx.Module):
             if a is not None and b is not None:
                 _check_saveat_ts(kwargs["saveat"], np.asarray(t0), np.asarray(t1))
         model, state = self._on_mesh(state, mesh)
+        split = mesh is not None and mesh.size > 1
+        throw = kwargs.get("throw", True)
+        if split:
+            # diffrax's own check (eqx.error_if on the whole solution) runs its callback on
+            # device 0 alone: a solve that reached max_steps left the other devices waiting
+            # at the next collective until XLA aborted the process
+            kwargs["throw"] = False
         sol = integrate_diffrax(_DiffraxRHS(mesh), state, t0, t1, args=model, **kwargs)
-        if mesh is not None and mesh.size > 1 and sol.ys is not None:
+        if split and sol.ys is not None:
             sol = eqx.tree_at(lambda s: s.ys, sol, shard(sol.ys, self.grid, mesh))
+        if split and throw:
+            sol = _raise_on_mesh(sol, self.grid, mesh)
         return sol
 
 
@@ -1146,6 +1157,25 @@ _DIFFRAX_OPTIONS = frozenset(inspect.signature(integrate_diffrax).parameters) - 
     "t1",
     "args",
 }
+
+
+def _raise_on_mesh(sol: diffrax.Solution, grid: Grid, mesh) -> diffrax.Solution:
+    """diffrax's ``throw=True`` for a solution sharded over ``mesh``: its error (the message
+    of ``sol.result``) raised inside ``shard_map`` on every device's block at once, as
+    [`physjax.parallel.error_if`][] does, with every array of the solution threaded on it
+    (as diffrax does; ``sol.ts`` and ``sol.ys`` are ``None`` for ``SaveAt(dense=True)``)."""
+    arrays, static = eqx.partition(sol, eqx.is_array)
+    arrays = place_on_mesh(arrays, grid, mesh)
+    spec = _specs(arrays, grid, mesh)
+    failed = jnp.invert(diffrax.is_okay(sol.result))
+    arrays = jax.shard_map(
+        lambda block, result, pred: result.error_if(block, pred),
+        mesh=mesh,
+        in_specs=(spec, PartitionSpec(), PartitionSpec()),
+        out_specs=spec,
+        check_vma=False,
+    )(arrays, sol.result, failed)
+    return eqx.combine(arrays, static)
 
 
 class _DiffraxRHS(eqx.Module):
