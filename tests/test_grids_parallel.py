@@ -334,6 +334,29 @@ def test_locations_parities_and_widths_are_checked():
         NetCDFWriter("/nonexistent-dir-is-not-reached/q.h5", g, [Variable("a/b", CENTRE, "1", "q")])
 
 
+def test_variable_units_long_name_and_time_dependence_are_checked(tmp_path):
+    """``Variable(units=None)`` (a dimensionless field) stopped in h5py with "Object dtype
+    dtype('O') has no native HDF5 equivalent", a number for units was stored as a number,
+    and ``time_dependent="no"`` was taken for True (``None`` for False)."""
+    from physjax.io import NetCDFWriter, Variable
+
+    g = Grid((4, 6), (1.0, 1.0))
+    for kw, match in (
+        (dict(units=None), r"Variable\.units of 'q' must be a string \(units \"1\""),
+        (dict(units=5), r"Variable\.units of 'q' must be a string"),
+        (dict(long_name=None), r"Variable\.long_name of 'q' must be a string"),
+        (dict(time_dependent="no"), r"Variable\.time_dependent of 'q' must be True or False"),
+        (dict(time_dependent=None), r"Variable\.time_dependent of 'q' must be True or False"),
+    ):
+        args = dict(name="q", location=CENTRE, units="1", long_name="q")
+        args.update(kw)
+        with pytest.raises(ValueError, match=match):
+            NetCDFWriter(tmp_path / "q.h5", g, [Variable(**args)])
+        assert not (tmp_path / "q.h5").exists()
+    w = NetCDFWriter(tmp_path / "q.h5", g, [Variable("q", CENTRE, "1", "q", np.bool_(False))])
+    w.write_static({"q": np.ones(g.shape)})
+
+
 def test_interior_keeps_batch_axes_and_zeros_is_local():
     g = Grid((8, 8), (1.0, 1.0))
     batch = jnp.arange(3 * 10 * 10.0).reshape(3, 10, 10)

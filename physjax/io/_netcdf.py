@@ -288,6 +288,20 @@ class NetCDFWriter:
                 raise ValueError(
                     f"Variable.name must be a non-empty netCDF name without '/', got {v.name!r}"
                 )
+            for field in ("units", "long_name"):
+                # None stopped in h5py, after the checks, with "Object dtype dtype('O') has
+                # no native HDF5 equivalent"; a number was stored as a number
+                if not isinstance(getattr(v, field), str):
+                    raise ValueError(
+                        f'Variable.{field} of {v.name!r} must be a string (units "1" for a '
+                        f"dimensionless variable), got {getattr(v, field)!r}"
+                    )
+            if not isinstance(v.time_dependent, (bool, np.bool_)):
+                # "no" was taken for True, None for False, by their truth values
+                raise ValueError(
+                    f"Variable.time_dependent of {v.name!r} must be True or False, got "
+                    f"{v.time_dependent!r}"
+                )
         owned = sorted(
             k for k in (attrs or {}) if k in _WRITER_ATTRS or str(k).startswith("parameter_")
         )
