@@ -765,6 +765,26 @@ def test_traced_counts_and_case_parameters_are_named_as_fixed_settings(adjust):
         jax.jit(lambda a: make_case("gravity-wave", nx=16, ny=16, amplitude=a))(0.02)
 
 
+def test_a_traced_case_parameter_is_told_a_way_to_set_it_that_works(adjust):
+    """The message for a traced ``make_case`` parameter advised
+    ``eqx.tree_at(lambda m: m.drag, case.model, r)``, which fails for the very ``drag`` it
+    names on a case built with the default drag of 0 (left out of the model, ``None``):
+    equinox's "`where` does not uniquely identify a single element". It now gives
+    ``is_leaf``; the advice, followed as written, differentiates."""
+    _, state, dt = adjust
+    case = make_case("geostrophic-adjustment", nx=16, ny=16, precision="float64")
+    with pytest.raises(TypeError) as info:
+        jax.grad(lambda r: make_case("geostrophic-adjustment", nx=16, ny=16, drag=r).t_end)(0.0)
+    advice = str(info.value).split("e.g. ")[1].split(" (is_leaf")[0]
+    assert advice.endswith("is_leaf=lambda x: x is None)")
+
+    def loss(r):
+        m = eval(advice, {"eqx": eqx, "case": case, "r": r})
+        return (m.run(state, dt=dt, n_steps=2).states.u ** 2).sum()
+
+    assert float(jax.grad(loss)(1e-6)) != 0
+
+
 def test_step_keeps_a_float32_model_in_float32_with_a_numpy_float64_dt():
     """With x64 on, ``step(state, np.float64(dt))`` returned a float64 state from a float32
     model (``run`` and ``advance`` convert ``dt``; ``step`` promoted the update)."""

@@ -433,8 +433,9 @@ def _check_type(name: str, value: Any, default: Any) -> None:
             f"parameter {name} must be a fixed number, not a traced value (make_case "
             f"builds the case with NumPy before any transformation): to differentiate or "
             f"vmap over a physical constant, build the case outside and set the constant on "
-            f"its model inside, e.g. eqx.tree_at(lambda m: m.drag, case.model, r) "
-            f"(docs/shallow_water.md)"
+            f"its model inside, e.g. eqx.tree_at(lambda m: m.drag, case.model, r, "
+            f"is_leaf=lambda x: x is None) (is_leaf for a term the case left out, as it "
+            f"does drag and viscosity at 0; docs/shallow_water.md)"
         )
     if not ok:
         raise TypeError(
