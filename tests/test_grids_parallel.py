@@ -543,6 +543,21 @@ def test_shard_map_fields_names_a_padded_result():
     np.testing.assert_allclose(good(a), one, rtol=0, atol=1e-12 * float(jnp.abs(one).max()))
 
 
+def test_shard_map_fields_names_a_padded_result_on_one_device_too():
+    """Without a mesh (or on a mesh of one device) a padded result was returned as it was:
+    code that passed on one device was refused only once it ran on a mesh."""
+    g = Grid((8, 8), (1.0, 2.0))
+    a = jnp.asarray(np.random.default_rng(0).normal(size=g.shape), g.dtype)
+    for mesh in (None, make_mesh((1, 1))):
+        padded = shard_map_fields(lambda G, f: laplacian(fill_halo(f, G), G), g, mesh)
+        with pytest.raises(ValueError, match=r"shape \(10, 10\), the grid's shape \(8, 8\)"):
+            padded(a)
+        with pytest.raises(ValueError, match=r"shape \(10, 10\), the grid's shape \(8, 8\)"):
+            jax.jit(padded)(a)
+        good = shard_map_fields(lambda G, f: (interior(fill_halo(f, G), G), 2.0), g, mesh)
+        np.testing.assert_array_equal(good(a)[0], a)
+
+
 @pytest.mark.multidevice
 def test_exchange_halo_checks_its_block_count_width_and_mesh_axis():
     """num_blocks=2 on a mesh axis of 4 devices exchanged with the wrong neighbours and

@@ -217,22 +217,23 @@ def shard_map_fields(fn: Callable[..., Any], grid: Grid, mesh: Mesh | None) -> C
     """
     _check_types(grid, mesh)  # a count for the mesh stopped on mesh.size
     if mesh is None or mesh.size == 1:
-        return lambda *args: fn(grid, *args)
+
+        def whole(*args):
+            # refused here too: a padded result passed on one device and was refused only
+            # once the same code ran on a mesh
+            out = fn(grid, *args)
+            _refuse_padded(out, grid)
+            return out
+
+        return whole
     local = decompose(grid, mesh)
 
     def wrapped(*args):
         arrays, static = eqx.partition(args, eqx.is_array)
         out_shape = jax.eval_shape(lambda a: fn(grid, *eqx.combine(a, static)), arrays)
-        padded = tuple(n + 2 * grid.halo for n in grid.shape)
-        for leaf in jax.tree.leaves(out_shape):
-            if tuple(leaf.shape[leaf.ndim - grid.ndim :]) == padded:
-                # taken for a replicated result, it fails in shard_map with a message about
-                # replication and check_vma, which would be the wrong fix
-                raise ValueError(
-                    f"shard_map_fields: fn returned an array of shape {leaf.shape}, the grid's "
-                    f"shape {grid.shape} with its halo: a field result must have the grid's "
-                    f"shape; return physjax.grids.interior(a, grid) of a padded field"
-                )
+        # taken for a replicated result, it fails in shard_map with a message about
+        # replication and check_vma, which would be the wrong fix
+        _refuse_padded(out_shape, grid)
 
         def body(a):
             return fn(local, *eqx.combine(a, static))
@@ -245,6 +246,19 @@ def shard_map_fields(fn: Callable[..., Any], grid: Grid, mesh: Mesh | None) -> C
         )(arrays)
 
     return wrapped
+
+
+def _refuse_padded(out: Any, grid: Grid) -> None:
+    """Refuse a result of ``shard_map_fields``'s ``fn`` with the grid's padded shape."""
+    padded = tuple(n + 2 * grid.halo for n in grid.shape)
+    for leaf in jax.tree.leaves(out):
+        shape = getattr(leaf, "shape", None)
+        if shape is not None and tuple(shape[len(shape) - grid.ndim :]) == padded:
+            raise ValueError(
+                f"shard_map_fields: fn returned an array of shape {tuple(shape)}, the grid's "
+                f"shape {grid.shape} with its halo: a field result must have the grid's "
+                f"shape; return physjax.grids.interior(a, grid) of a padded field"
+            )
 
 
 def error_if(x: jax.Array, pred, message: str, grid: Grid, mesh: Mesh | None) -> jax.Array:
