@@ -349,15 +349,16 @@ def integrate_diffrax(
     ``diffrax.BacksolveAdjoint()`` for gradients through long runs.
 
     ``max_steps`` defaults to 100 000, or to diffrax's own 4096 when ``saveat`` asks for
-    every step (``SubSaveAt(steps=True)``): diffrax then pads its output to ``max_steps``
-    frames, which at 100 000 would be 100 000 copies of the state (79 GB for a 256² float32
-    shallow-water state). Give ``max_steps`` to choose: a positive integer (Python or NumPy)
-    or ``None`` (no limit, which ``steps=True`` and the default adjoint do not allow). A solve
-    that reaches it (or fails otherwise) raises (diffrax's ``EquinoxRuntimeError``: 'The
-    maximum number of solver steps was reached'); with ``throw=False`` it returns, and
-    ``sol.result`` says how it ended (``diffrax.RESULTS.successful`` or why not; the frames
-    it did not reach are ``inf``) — what a batch under ``vmap`` needs to keep its members
-    that succeeded.
+    every step (``SubSaveAt(steps=True)``) or dense output (``SaveAt(dense=True)``): diffrax
+    then pads its output to ``max_steps`` frames (the dense interpolation to ``max_steps``
+    steps of solver stages), which at 100 000 would be 100 000 copies of the state (79 GB
+    for a 256² float32 shallow-water state). Give ``max_steps`` to choose: a positive
+    integer (Python or NumPy) or ``None`` (no limit, which ``steps=True`` and the default
+    adjoint do not allow). A solve that reaches it (or fails otherwise) raises (diffrax's
+    ``EquinoxRuntimeError``: 'The maximum number of solver steps was reached'); with
+    ``throw=False`` it returns, and ``sol.result`` says how it ended
+    (``diffrax.RESULTS.successful`` or why not; the frames it did not reach are ``inf``) —
+    what a batch under ``vmap`` needs to keep its members that succeeded.
 
     ``t0``, ``t1``, ``dt0`` and the ``ts`` of ``saveat`` are taken in the dtype of ``y0``'s
     floating leaves when they share one, so that a float32 state stays float32 (``sol.ts``
@@ -398,7 +399,9 @@ def integrate_diffrax(
     saveat = saveat or diffrax.SaveAt(t1=True)
     if isinstance(max_steps, str) and max_steps == "default":
         subs = jax.tree.leaves(saveat.subs, is_leaf=lambda x: isinstance(x, diffrax.SubSaveAt))
-        every_step = any(getattr(sub, "steps", False) for sub in subs)
+        # dense output is stored per step as well, in buffers of max_steps entries: at
+        # 100 000 a 16² float64 solve took 5.6 GB, 17–24 GB on a 2×2 mesh
+        every_step = saveat.dense or any(getattr(sub, "steps", False) for sub in subs)
         max_steps = STEPS_SAVED_MAX_STEPS if every_step else DEFAULT_MAX_STEPS
     elif max_steps is not None:
         # diffrax said 'math domain error' for -1, 'Must have at least one checkpoint' for 0,
