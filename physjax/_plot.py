@@ -63,7 +63,11 @@ def _read_frame(path: str | os.PathLike, frame: int | None):
 
     def read():
         try:
-            opened = xr.open_dataset(shown, engine="h5netcdf")
+            # the time axis as stored: a file of "seconds since 2000-01-01" became dates and
+            # the title "t = 10957083333333 days"; its units are read for the title instead
+            opened = xr.open_dataset(
+                shown, engine="h5netcdf", decode_times=False, decode_timedelta=False
+            )
         except (OSError, ValueError, KeyError, RuntimeError) as e:
             # read_retrying tries again where the error behind this one passes in a moment
             raise ValueError(
@@ -110,6 +114,22 @@ def _time_text(t: float) -> str:
         number = f"{days:.0f}" if days >= 1000 else f"{days:.3g}"  # 1157 days, not 1.16e+03
         return f"{number} day{'' if round(days, 3) == 1 else 's'}"
     return f"{t:.0f} s" if t >= 10 or t == int(t) else f"{t:.3g} s"
+
+
+def _when_text(value: float, unit) -> str:
+    """A time coordinate's value for a title, in its own units: seconds (physjax's "s", or
+    CF's "seconds since <date>") as [`_time_text`][]; other units as stored ("1.5 days since
+    2000-01-01"), and no unit for a coordinate without one."""
+    if unit is None:
+        return f"{value:g}"
+    words = str(unit).strip().lower().split()
+    if (
+        words
+        and words[0] in ("s", "sec", "secs", "second", "seconds")
+        and words[1:2] in ([], ["since"])
+    ):
+        return _time_text(value)
+    return f"{value:g} {unit}"
 
 
 def _length_text(z: float) -> str:
@@ -297,7 +317,8 @@ def plot_panels(
         raise ValueError(f"{os.fspath(path)!r} has no 2-D variable to plot")
     title_time = ""
     if "time" in sel.coords or "time" in sel:
-        title_time = f", t = {_time_text(float(sel['time']))}"
+        time = sel["time"]
+        title_time = f", t = {_when_text(float(time), time.attrs.get('units'))}"
     # constrained: tight_layout let the title overlap a panel's two-line title (3-D)
     fig, axes = plt.subplots(
         1, len(panels), figsize=(5.2 * len(panels), 4.4), squeeze=False, layout="constrained"
@@ -339,17 +360,35 @@ def plot_panels(
         config = json.loads(sel.attrs.get("configuration", "") or "{}")
         case = f"poisson, {config.get('rhs') or case}"
         if config.get("rhs_time") is not None:  # the frame of a run the rhs was taken from
-            unit = config.get("rhs_time_units")
-            value = config["rhs_time"]
-            if unit is None:  # a coordinate without units
-                when = f"{value:g}"
-            elif unit.strip().lower() in ("s", "second", "seconds"):
-                when = _time_text(value)
-            else:
-                when = f"{value:g} {unit}"
+            when = _when_text(config["rhs_time"], config.get("rhs_time_units"))
             case += f" (frame {config.get('frame')}, t = {when})"
-    fig.suptitle(f"physjax {case}{title_time}{_status_text(str(sel.attrs.get('status', '')))}")
+    # a file without a case: "physjax, t = 1.5 s", not "physjax , t = 1.5 s"
+    name = f"physjax {case}" if str(case).strip() else "physjax"
+    fig.suptitle(f"{name}{title_time}{_status_text(str(sel.attrs.get('status', '')))}")
     _fit_size(fig, axes[0])
-    fig.savefig(os.fspath(output), dpi=110, bbox_inches="tight")
-    plt.close(fig)
+    try:
+        _save_replacing(fig, os.fspath(output))
+    finally:
+        plt.close(fig)
     return os.fspath(output)
+
+
+def _save_replacing(fig, output: str) -> None:
+    """Save ``fig`` to ``output`` through a hidden temporary file beside it, moved into
+    place once whole: a write that fails partway (a full disk, a file-size limit, Ctrl-C)
+    truncated the picture an earlier run had left there; now that picture stays as it was
+    and the temporary file is removed. A symbolic link is written through, and kept."""
+    import secrets
+
+    dest = os.path.realpath(output)
+    folder, base = os.path.split(dest)
+    tmp = os.path.join(folder, f".{base}.{os.getpid()}.{secrets.token_hex(4)}.partial")
+    # the format by the name asked for, as savefig would take it (the temporary name has none)
+    ext = os.path.splitext(output)[1][1:].lower() or "png"
+    try:
+        fig.savefig(tmp, dpi=110, bbox_inches="tight", format=ext)
+        os.replace(tmp, dest)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        raise

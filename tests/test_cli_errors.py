@@ -953,3 +953,73 @@ def test_an_output_ending_with_a_slash_is_named_a_missing_folder(tmp_path, capsy
         f"{out + 'out.h5'!r}" in err
     )
     assert os.listdir(tmp_path) == []
+
+
+def test_plot_that_fails_partway_keeps_the_earlier_picture(tmp_path):
+    """A picture whose write failed partway (a full disk, a file-size limit, Ctrl-C) left the
+    PNG an earlier `physjax plot` had drawn truncated; it is now drawn under a hidden name
+    beside it and moved into place once whole, so the earlier one stays as it was and no
+    temporary file is left."""
+    import subprocess
+
+    run, png = tmp_path / "w.h5", tmp_path / "w.png"
+    args = ["shallow-water", "--case", "gravity-wave", "--n", "16", "--t-end", "3000", "--quiet"]
+    assert main([*args, "--output", str(run), "--plot", str(png)]) == 0
+    before = png.read_bytes()
+    assert before.startswith(b"\x89PNG") and len(before) > 10_000
+
+    # a process of its own (the limit is its own), where writes past half the picture fail
+    # with EFBIG (SIGXFSZ ignored) instead of killing it
+    code = (
+        "import resource, signal, sys\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+        f"resource.setrlimit(resource.RLIMIT_FSIZE, ({len(before) // 2}, {len(before) // 2}))\n"
+        "from physjax.cli import main\n"
+        f"sys.exit(main(['plot', {str(run)!r}, '--output', {str(png)!r}]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert f"--output {str(png)!r} could not be written" in done.stderr
+    assert png.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["w.h5", "w.png"]
+    # through a symbolic link: the picture lands where it points, the link kept
+    link = tmp_path / "link.png"
+    link.symlink_to(png)
+    png.unlink()
+    assert main(["plot", str(run), "--output", str(link)]) == 0
+    assert link.is_symlink() and png.read_bytes().startswith(b"\x89PNG")
+
+
+def test_plot_title_gives_the_time_in_the_file_units(tmp_path, monkeypatch):
+    """A file whose time axis is in CF's "seconds since 2000-01-01" was titled
+    "t = 10957083333333 days" (xarray made dates of it); the time is now given as stored,
+    in seconds, and other units by name. A file without a case attribute was titled
+    "physjax , t = …"."""
+    import matplotlib.figure
+
+    titles = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "suptitle", lambda fig, t, **kw: titles.append(t))
+    run = tmp_path / "w.h5"
+    args = ["shallow-water", "--case", "gravity-wave", "--n", "16", "--t-end", "3000", "--quiet"]
+    assert main([*args, "--output", str(run)]) == 0
+    with h5py.File(run, "r") as f:
+        t_end = float(f["time"][-1])
+    assert t_end == 3000.0
+    endings = {
+        "s": "physjax gravity-wave, t = 3000 s",
+        "seconds since 2000-01-01": "physjax gravity-wave, t = 3000 s",
+        "days since 2000-01-01 00:00": "physjax gravity-wave, t = 3000 days since 2000-01-01 00:00",
+        "hours": "physjax gravity-wave, t = 3000 hours",
+    }
+    for units, title in endings.items():
+        with h5py.File(run, "a") as f:
+            f["time"].attrs["units"] = units
+        titles.clear()
+        assert main(["plot", str(run), "--output", str(tmp_path / "w.png")]) == 0
+        assert titles == [title], units
+    with h5py.File(run, "a") as f:
+        f["time"].attrs["units"] = "s"
+        del f.attrs["case"]
+    titles.clear()
+    assert main(["plot", str(run), "--output", str(tmp_path / "w.png")]) == 0
+    assert titles == ["physjax, t = 3000 s"]
