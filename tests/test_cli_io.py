@@ -1751,3 +1751,20 @@ def test_a_damaged_file_is_neither_resumed_nor_replaced_and_says_so(tmp_path, ca
         assert err.count("\n") == 1 and "Traceback" not in err, err
         assert path.read_bytes() == before
     assert not [p for p in tmp_path.iterdir() if p.name.endswith(".lock")]
+
+
+def test_python_m_physjax_is_the_command():
+    """``python -m physjax`` stopped with "No module named physjax.__main__"; it is now the
+    ``physjax`` command, with its exit status."""
+    res = subprocess.run(
+        [sys.executable, "-m", "physjax", "shallow-water", "--n", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 2 and res.stderr.startswith("physjax shallow-water: error: "), res
+    assert "--n" in res.stderr and "Traceback" not in res.stderr
+    res = subprocess.run(
+        [sys.executable, "-m", "physjax", "--help"], capture_output=True, text=True, timeout=300
+    )
+    assert res.returncode == 0 and res.stdout.startswith("usage: physjax "), res
