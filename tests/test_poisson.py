@@ -753,6 +753,34 @@ def test_bad_input_errors():
             PoissonSolver(walls, "dirichlet")
 
 
+def test_fold_boundary_values_checks_f_and_takes_a_coefficient_as_the_solver_does():
+    """The public fold took an f of another shape than the grid's: a (8, 16) f on a 16²
+    grid came back with the high y wall's values dropped without a word (its row lies
+    beyond the array), and a complex f lost its imaginary part. A coefficient given as one
+    number, as PoissonSolver takes it, stopped with "'float' object is not subscriptable",
+    and one of the wrong shape was broadcast against the wall's cells. They are now
+    refused by name, and one number is the coefficient of every cell."""
+    walls = _grid((16, 16), False)
+    h2 = walls.spacing[0] ** 2
+    bv = {"y": (1.0, 2.0)}
+    for bad in (np.zeros((8, 16)), np.zeros((16, 8)), np.zeros((2, 16, 16))):
+        with pytest.raises(ValueError, match=r"f must have the grid's shape \(16, 16\)"):
+            fold_boundary_values(bad, walls, "dirichlet", bv)
+    with pytest.raises(ValueError, match="f must be real, got dtype complex128"):
+        fold_boundary_values(np.zeros((16, 16), complex), walls, "dirichlet", bv)
+    with pytest.raises(TypeError, match="grid must be a physjax.grids.Grid"):
+        fold_boundary_values(np.zeros((16, 16)), None, "dirichlet", bv)
+    with pytest.raises(ValueError, match=r"coefficient must be one number or have the grid"):
+        fold_boundary_values(np.zeros((16, 16)), walls, "dirichlet", bv, np.ones((16, 1)))
+    folded = fold_boundary_values(np.zeros((16, 16)), walls, "dirichlet", bv, coefficient=3.0)
+    field = fold_boundary_values(np.zeros((16, 16)), walls, "dirichlet", bv, np.full((16, 16), 3))
+    np.testing.assert_array_equal(np.asarray(folded), np.asarray(field))
+    assert float(folded[-1, 0]) == pytest.approx(-2 * 3.0 * 2.0 / h2)
+    # the solver's own fold (its right-hand side) is unchanged
+    solver = PoissonSolver(walls, "dirichlet", "cg", coefficient=3.0)
+    np.testing.assert_array_equal(np.asarray(solver.rhs(np.zeros((16, 16)), bv)), folded)
+
+
 @pytest.mark.parametrize("method", ["spectral", "multigrid", "cg"])
 @pytest.mark.parametrize("shape", [(4, 1), (1, 6, 4)])
 def test_neumann_values_on_an_axis_one_cell_wide(shape, method):

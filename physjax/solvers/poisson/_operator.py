@@ -244,12 +244,43 @@ def fold_boundary_values(
       ``(low, high)``; each a scalar or an array of the wall's shape (the grid shape with that
       axis removed), or ``None`` for zero. Dirichlet: the value of ``u`` on the wall.
       Neumann: the derivative of ``u`` along the axis (not the outward normal) on the wall.
-    - `coefficient`: the cell-centred coefficient ``a`` (default 1).
+    - `coefficient`: the cell-centred coefficient ``a``, of the grid's shape or one number
+      for every cell, as [`physjax.solvers.poisson.PoissonSolver`][] takes it (default 1).
 
     **Returns:** the right-hand side of the equivalent homogeneous problem.
     """
+    if not isinstance(grid, Grid):
+        raise TypeError(f"grid must be a physjax.grids.Grid, got {type(grid).__name__}")
     bcs = normalise_bc(bc, grid)
-    f = jnp.asarray(f, grid.dtype)  # as the solver does (an integer f kept no wall value)
+    # Checked as the solver checks f: an f of another shape had the values of a wall beyond
+    # its last row dropped without a word (out-of-bounds updates are skipped), and a
+    # complex f lost its imaginary part.
+    try:
+        given = jnp.asarray(f)
+    except (TypeError, ValueError) as err:  # strings, ragged lists
+        raise ValueError(
+            f"f must be a real array of the grid's shape {grid.shape}, got {f!r:.80} ({err!s:.80})"
+        ) from None
+    if jnp.iscomplexobj(given) or given.dtype == bool:
+        raise ValueError(f"f must be real, got dtype {given.dtype}")
+    if given.shape != grid.shape:
+        raise ValueError(
+            f"f must have the grid's shape {grid.shape} ({' '.join(grid.axis_names)}), got "
+            f"{given.shape}; use jax.vmap for batches"
+        )
+    f = given.astype(grid.dtype)  # as the solver does (an integer f kept no wall value)
+    if coefficient is not None:
+        a = jnp.asarray(coefficient)
+        if jnp.iscomplexobj(a) or a.dtype == bool:
+            raise ValueError(f"coefficient must be real (and > 0), got dtype {a.dtype}")
+        if a.ndim == 0:  # one number for every cell, as the solver takes it
+            a = jnp.broadcast_to(a, grid.shape)
+        if a.shape != grid.shape:  # was broadcast against the wall's cells
+            raise ValueError(
+                f"coefficient must be one number or have the grid's shape {grid.shape}, got "
+                f"{a.shape}"
+            )
+        coefficient = a
     if not boundary_values:
         return f
     if not isinstance(boundary_values, Mapping):
