@@ -438,6 +438,38 @@ def test_grad_wrt_rhs_matches_finite_differences(method):
 
 
 @pytest.mark.parametrize("method", ["cg", "multigrid"])
+def test_filter_grad_of_a_model_holding_a_solver(method):
+    """A model (an eqx.Module) holding a multigrid or cg solver, differentiated with
+    eqx.filter_grad/filter_jvp, has the solver's prepared coarse inverse among its array
+    leaves. Where the solve's right-hand side did not depend on the parameters, that
+    stopped with "Error interpreting argument to custom_linear_solve as a JAX value ...
+    Zero". The coarse inverse (a preconditioner) now takes no derivative: the gradient is
+    the exact one, and the coarse inverse's is zero."""
+
+    class Model(eqx.Module):
+        scale: jax.Array
+        solver: PoissonSolver
+
+    grid = _grid((16, 16), False)
+    f = np.random.default_rng(12).normal(size=grid.shape)
+    model = Model(jnp.asarray(2.0), PoissonSolver(grid, "dirichlet", method))
+    assert model.solver.coarse_inverse is not None
+
+    def loss(m):
+        return jnp.sum((m.scale * m.solver(f)) ** 2)
+
+    u = np.asarray(model.solver(f))
+    exact = 2 * 2.0 * np.sum(u**2)  # d/ds Σ (s u)²
+    grads = eqx.filter_grad(loss)(model)
+    assert float(grads.scale) == pytest.approx(exact, rel=1e-12)
+    assert float(jnp.max(jnp.abs(grads.solver.coarse_inverse))) == 0.0
+    tangent = jax.tree.map(jnp.zeros_like, eqx.filter(model, eqx.is_inexact_array))
+    tangent = eqx.tree_at(lambda m: m.scale, tangent, jnp.asarray(1.0))
+    _, out = eqx.filter_jvp(loss, (model,), (tangent,))
+    assert float(out) == pytest.approx(exact, rel=1e-12)
+
+
+@pytest.mark.parametrize("method", ["cg", "multigrid"])
 def test_grad_wrt_coefficient_matches_finite_differences(method):
     grid = _grid((8, 8), False)
     rng = np.random.default_rng(6)

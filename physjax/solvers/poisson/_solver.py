@@ -650,7 +650,11 @@ class PoissonSolver(eqx.Module):
     def _run(self, f, coefficient, guess=None, shift=None, check=False):
         grid = _internal_grid(self.grid)
         fn = functools.partial(self._solve_local, check=check)
-        coarse = self._stored_coarse(coefficient, shift)
+        # The prepared coarse inverse is a preconditioner, not part of the problem: no
+        # derivative flows into it. (eqx.filter_grad of a model holding a multigrid or cg
+        # solver differentiates it as an array leaf; where the right-hand side then had no
+        # tangent, custom_linear_solve stopped with "Error interpreting argument ... Zero".)
+        coarse = jax.tree.map(lax.stop_gradient, self._stored_coarse(coefficient, shift))
         if self.mesh is None or self.mesh.size == 1:
             return fn(grid, f, coefficient, coarse, guess, shift)
         local = decompose(grid, self.mesh)
