@@ -1096,6 +1096,31 @@ def test_wall_values_of_objects_or_strings_are_refused_by_name():
                 solve(f, grid, "dirichlet", method, boundary_values={"x": (0.0, wall)})
 
 
+@pytest.mark.parametrize("method", ["spectral", "cg"])
+def test_float64_data_beyond_a_float32_grids_range_is_refused(method):
+    """A float64 NumPy f (or wall value) beyond float32's range passed the host check of
+    NaN/Inf on a float32 grid and was cast to Inf: the spectral solve returned NaN without
+    a word, cg raised a RuntimeError blaming NaN/Inf in f, and a wall value of 1e39 was
+    reported as NaN/Inf. They are now refused by name, before anything is compiled."""
+    grid = Grid((16, 16), (1.0, 1.0), periodic=False, dtype="float32")
+    solver = PoissonSolver(grid, "dirichlet", method)
+    big = np.full((16, 16), 1e39)
+    for f in (big, big.tolist()):
+        with pytest.raises(
+            ValueError, match=r"f has 256 value\(s\) beyond the range of the grid's float32"
+        ):
+            solver(f)
+    for wall in (np.full(16, 1e39), 1e39):
+        with pytest.raises(
+            ValueError, match=r"'y'\] \(low wall\) has \d+ value\(s\) beyond the range"
+        ):
+            solver(np.zeros((16, 16)), {"y": (wall, None)})
+    # within float32's range it is solved; a float64 grid takes what float32 cannot hold
+    assert np.all(np.isfinite(np.asarray(solver(np.full((16, 16), 1e30)))))
+    wide = PoissonSolver(_grid((16, 16), False), "dirichlet", method)
+    assert np.all(np.isfinite(np.asarray(wide(big))))
+
+
 def test_nan_in_a_numpy_f_is_refused_before_the_solve():
     """NaN/Inf in an f given as a NumPy array (or a list) of a problem with Dirichlet walls
     went to the compiled solve: spectral returned NaN without a word, multigrid and cg

@@ -876,7 +876,7 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
         )
     given = f
     f = cls._check_field(solver, f, "f")
-    _check_finite_host_field(given, "f")
+    _check_finite_host_field(given, "f", solver.grid.dtype)
     if guess is not None:
         guess = cls._check_field(solver, guess, "initial_guess")
         if solver.method == "spectral":
@@ -915,6 +915,9 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
             for name, pair in boundary_values.items()
         }
     if boundary_values is not None:
+        # (before numbers are cast to the grid's dtype: 1e39 on a float32 grid is out of
+        # range, not NaN/Inf)
+        _check_finite_boundary_values(boundary_values, f.dtype)
         # Python numbers would be static under eqx.filter_jit: a stepper passing new wall
         # values every step would then compile every step. As 0-d arrays they are traced.
         # (a bool is left as it is, to be refused as no wall value: True is not 1)
@@ -926,7 +929,6 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
             ),
             boundary_values,
         )
-        _check_finite_boundary_values(boundary_values)
     # arrays committed to one device would be refused by the compiled call's device check
     f, boundary_values, guess = place_on_mesh((f, boundary_values, guess), solver.grid, solver.mesh)
     prechecked = cls._precheck(solver, f, boundary_values)
@@ -1006,11 +1008,12 @@ def _wall_array(value, name, side: str):
         ) from None
 
 
-def _check_finite_host_field(value, name: str) -> None:
+def _check_finite_host_field(value, name: str, dtype) -> None:
     """Refuse NaN/Inf in a field given as a NumPy array (or a list), by name, before
     anything is compiled: read on the host, it costs no wait for the device. JAX arrays
     are left to the solve (a periodic/Neumann problem's compatibility check refuses them,
-    otherwise the solve reports not converged)."""
+    otherwise the solve reports not converged). So are values that the grid's ``dtype``
+    cannot hold (float64 data beyond float32's range), which the cast would make Inf."""
     if isinstance(value, jax.Array):
         return
     values = np.asarray(value)
@@ -1019,9 +1022,28 @@ def _check_finite_host_field(value, name: str) -> None:
             f"{name} contains NaN or Inf values: {int(np.sum(~np.isfinite(values)))} of "
             f"{values.size}"
         )
+    _check_in_range(values, name, dtype)
 
 
-def _check_finite_boundary_values(boundary_values) -> None:
+def _check_in_range(values: np.ndarray, name: str, dtype) -> None:
+    """Refuse finite values that become Inf when cast to ``dtype`` (float64 data beyond
+    float32's range on a float32 grid): they were solved as Inf, a spectral solve
+    returning NaN without a word."""
+    if values.dtype.kind != "f" or values.dtype.itemsize <= np.dtype(dtype).itemsize:
+        return
+    with np.errstate(over="ignore"):
+        lost = int(np.sum(np.isinf(values.astype(dtype))))
+    if lost:
+        top = float(np.finfo(dtype).max)
+        raise ValueError(
+            f"{name} has {lost} value(s) beyond the range of the grid's {np.dtype(dtype).name} "
+            f"(largest magnitude {float(np.max(np.abs(values))):.3g}, where it holds up to "
+            f"{top:.3g}), which would be solved as Inf; scale it (other units) or use a "
+            "float64 grid"
+        )
+
+
+def _check_finite_boundary_values(boundary_values, dtype) -> None:
     """Refuse NaN/Inf wall values given as numbers or NumPy arrays, by name (the spectral
     path would otherwise return NaN). JAX arrays are left to the solve, which reports them
     like a non-finite ``f``: reading them here would wait for the device at every call."""
@@ -1045,6 +1067,7 @@ def _check_finite_boundary_values(boundary_values) -> None:
                     f"boundary_values[{name!r}] ({side} wall) has "
                     f"{int(np.sum(~np.isfinite(values)))} non-finite value(s) (NaN/Inf)"
                 )
+            _check_in_range(values, f"boundary_values[{name!r}] ({side} wall)", dtype)
 
 
 _SHIFT_NOT_POSITIVE = "shift must be finite and > 0 everywhere"
