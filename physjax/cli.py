@@ -416,6 +416,40 @@ def _is_terminal(stream) -> bool:
         return False
 
 
+class _ProgressStream:
+    """The stream a run's progress bar writes to (stderr). The bar is a convenience and the
+    file the record: where stderr cannot be written — a log on a full disk or over its
+    quota, stderr closed (``2>&-``: ``sys.stderr`` is ``None``) — the bar goes quiet for the
+    rest of the run instead of stopping it (tqdm itself forgives only a terminal gone away,
+    errno 5, and fails on a stderr of ``None``)."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.broken = stream is None
+
+    def write(self, text: str) -> None:
+        if not self.broken:
+            try:
+                self._stream.write(text)
+            except (OSError, ValueError):  # ValueError: a closed file
+                self.broken = True
+
+    def flush(self) -> None:
+        if not self.broken:
+            try:
+                self._stream.flush()
+            except (OSError, ValueError):
+                self.broken = True
+
+    def isatty(self) -> bool:
+        return _is_terminal(self._stream)
+
+    def __getattr__(self, name):  # encoding, fileno (the terminal's width)
+        if name == "_stream":  # not set yet (a copy): no recursion
+            raise AttributeError(name)
+        return getattr(self._stream, name)
+
+
 #: Signals that end a run at once, keeping its frames: SIGTERM (a batch system's time limit,
 #: ``kill``) and SIGHUP (the terminal closed under a run started without ``nohup``).
 _TERMINATING = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))
@@ -1159,7 +1193,7 @@ def _run_shallow_water(
             unit="step",
             desc=f"shallow-water {case_name}",
             disable=quiet,
-            file=sys.stderr,
+            file=_ProgressStream(sys.stderr),
             dynamic_ncols=True,
             # a log file (a batch job's) gets a line every half minute, not ten a second
             mininterval=0.1 if _is_terminal(sys.stderr) else LOG_PROGRESS_SECONDS,

@@ -1608,6 +1608,33 @@ def test_progress_in_a_log_is_drawn_every_half_minute(tmp_path, capsys, monkeypa
     assert err.count("\r") <= 3, err.count("\r")
 
 
+class _FullLog:
+    """A stderr that refuses every write, as a log on a full disk or over its quota does."""
+
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+    def flush(self):
+        raise OSError(28, "No space left on device")
+
+    def isatty(self):
+        return False
+
+
+@pytest.mark.parametrize("stderr", [_FullLog(), None], ids=["full-log", "closed-stderr"])
+def test_a_progress_bar_that_cannot_be_written_does_not_stop_the_run(tmp_path, monkeypatch, stderr):
+    """The progress bar is written to stderr; where that failed (a log on a full disk,
+    ENOSPC; stderr closed, None) the run stopped with an OSError or AttributeError, its file
+    left 'running' with frame 0 alone. The bar now goes quiet and the run ends complete."""
+    monkeypatch.setattr(sys, "stderr", stderr)
+    out = tmp_path / "bar.h5"
+    args = ["--case", "gravity-wave", "--n", "16", "--t-end", "7200", "--save-every", "10"]
+    assert main(["shallow-water", *args, "--output", str(out)]) == 0
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "complete"
+        assert f.attrs["n_frames"] == f["time"].shape[0] == 3  # steps 0, 10 and 12
+
+
 def test_writer_stores_numpy_and_jax_numbers_as_numbers(tmp_path):
     """A model's parameters are 0-d JAX arrays, step counts often NumPy integers: JSON
     cannot write either, and they used to be stored as text ("9.81" in `parameters`, the
