@@ -1157,6 +1157,10 @@ def _run_shallow_water(
                 print(f"physjax: {output}: {history}", file=sys.stderr)
             frames_before = read_attrs(output)["n_frames"]
         else:
+            # Frame 0 before the file: its first compile takes a moment, where a SIGTERM or
+            # a second Ctrl-C removed the new file after it had replaced an ended run.
+            first = fields_of(state)
+            bottom = np.zeros(grid.shape) if model.bottom is None else to_numpy(model.bottom)
             if replacing:
                 print(replacing, file=sys.stderr)
             writer = NetCDFWriter(
@@ -1171,10 +1175,9 @@ def _run_shallow_water(
                     "configuration": resolved,
                 },
             )
-            bottom = np.zeros(grid.shape) if model.bottom is None else to_numpy(model.bottom)
             try:  # a file stopped before its first frame holds nothing to resume: removed
                 writer.write_static({"bottom": bottom})
-                writer.append(0.0, 0, fields_of(state))
+                writer.append(0.0, 0, first)
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.remove(os.path.realpath(writer.path))

@@ -1688,6 +1688,28 @@ def test_a_run_stopped_before_its_first_frame_leaves_no_file(tmp_path, monkeypat
     assert _run(tmp_path)[0] == 0  # no --overwrite needed
 
 
+def test_a_run_stopped_while_computing_frame_0_keeps_the_ended_run_it_would_replace(
+    tmp_path, capsys, monkeypatch
+):
+    """A new run replaces an ended one at the same --output: the file was created (over the
+    old one) before frame 0 was computed, whose first compile takes a moment, and a SIGTERM
+    or second Ctrl-C there removed the new file too, leaving neither run. Frame 0 is now
+    computed first: the old run stays as it was."""
+    code, out = _run(tmp_path)
+    assert code == 0
+    before = out.read_bytes()
+    capsys.readouterr()
+
+    def stopped(self, state):
+        raise KeyboardInterrupt  # a SIGTERM while frame 0's vorticity compiles
+
+    monkeypatch.setattr(ShallowWater, "relative_vorticity", stopped)
+    code, out = _run(tmp_path)
+    assert code == 130
+    assert out.read_bytes() == before
+    assert "replacing" not in capsys.readouterr().err  # nothing was replaced
+
+
 def test_resume_with_no_plot_draws_no_picture_where_the_run_had_one(tmp_path, capsys, monkeypatch):
     """A run started with --plot drew it again on every --resume: a resume from another
     folder, where the stored relative path leads nowhere, could only go on with a new
