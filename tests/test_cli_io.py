@@ -1302,6 +1302,28 @@ def test_a_second_writer_of_the_same_file_is_refused(tmp_path, capsys):
     assert main(["shallow-water", "--quiet", "--output", str(out), "--resume"]) == 0
 
 
+def test_an_output_with_a_long_name_is_written_locked_and_resumed(tmp_path, capsys):
+    """The temporary file (``.NAME.<pid>.<hex>.partial``) and the lock (``.NAME.lock``)
+    beside an output whose own name fits the folder's limit of 255 bytes could pass it: an
+    --output of 240 characters stopped with 'cannot write …: [Errno 36] File name too long'
+    (after the first compile), and its lock was silently not taken. Both names are now
+    shortened with a digest of NAME."""
+    from physjax.io import output_lock
+
+    out = tmp_path / ("r" * 237 + ".h5")
+    assert main(["shallow-water", *FAST, "--max-frames", "1", "--output", str(out)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]  # nothing left beside it
+    before = out.read_bytes()
+    with output_lock(out):  # as a run of another process holds it
+        capsys.readouterr()
+        assert main(["shallow-water", "--quiet", "--output", str(out), "--resume"]) == 2
+        assert "is being written by another physjax process" in capsys.readouterr().err
+        assert out.read_bytes() == before
+    assert main(["shallow-water", "--quiet", "--output", str(out), "--resume"]) == 0
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "complete"
+
+
 def test_resume_refuses_a_failed_run_and_leaves_it_as_it_was(tmp_path, capsys):
     out = tmp_path / "f.h5"
     blow_up = ["--n", "16", "--t-end", "200000", "--dt", "5000", "--no-cfl-check"]

@@ -49,7 +49,7 @@ import numpy as np
 from .. import __version__
 from ..grids import Grid, Stagger
 from ..grids._grid import check_location
-from ._reading import error_text
+from ._reading import error_text, hidden_beside
 
 STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"
@@ -104,7 +104,7 @@ def output_lock(path: str | os.PathLike):
     ``flock`` (or on a platform without ``fcntl``) the block runs unlocked."""
     given = os.fspath(path)
     path = os.path.realpath(given)  # one lock per file, whatever links lead to it
-    lock = os.path.join(os.path.dirname(path), f".{os.path.basename(path)}.lock")
+    lock = hidden_beside(path, ".lock")
     try:
         import fcntl
     except ImportError:  # pragma: no cover - not on Linux/macOS
@@ -360,8 +360,7 @@ class NetCDFWriter:
         # hidden and unique (a user's own NAME.partial is never touched), and the file lands
         # where a symbolic link points, the link kept.
         dest = os.path.realpath(self.path)
-        folder, base = os.path.split(dest)
-        tmp = os.path.join(folder, f".{base}.{os.getpid()}.{secrets.token_hex(4)}.partial")
+        tmp = hidden_beside(dest, f".{os.getpid()}.{secrets.token_hex(4)}.partial")
         _require_space(self.path, self._frame_bytes(False) + self._frame_bytes(True), "a new file")
         try:
             self._write_new(tmp, attrs)

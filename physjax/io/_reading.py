@@ -14,6 +14,7 @@ becomes one ``ValueError`` naming the file.
 from __future__ import annotations
 
 import errno
+import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -43,6 +44,24 @@ _CHANGING = (
     "can't read data",  # the same, from HDF5 before 1.14
     "can't synchronously read attribute",
 )
+
+
+def hidden_beside(path: str, suffix: str) -> str:
+    """The hidden file ``.NAME<suffix>`` beside ``path`` (a lock, a temporary file). Where
+    that name would pass the folder's limit on a name's length (255 bytes on most file
+    systems) while NAME itself does not, NAME is cut and a digest of it added, so that the
+    name stays the same for every process and differs between files."""
+    folder, base = os.path.split(path)
+    name = f".{base}{suffix}"
+    try:
+        limit = os.pathconf(folder or ".", "PC_NAME_MAX")
+    except (OSError, ValueError):
+        limit = 255
+    if len(os.fsencode(name)) > limit:
+        digest = hashlib.sha1(os.fsencode(base)).hexdigest()[:16]
+        keep = os.fsencode(base)[: max(0, limit - len(os.fsencode(suffix)) - 18)]
+        name = f".{keep.decode(errors='ignore')}~{digest}{suffix}"
+    return os.path.join(folder, name)
 
 
 def error_text(e: BaseException) -> str:
@@ -107,8 +126,7 @@ def read_retrying(
             kind, cause = found
         # outside the except block: the final error is raised without the retried one
         if kind == "locked":
-            folder, name = os.path.split(shown)
-            writer = os.path.exists(os.path.join(folder, f".{name}.lock"))
+            writer = os.path.exists(hidden_beside(shown, ".lock"))
             raise ValueError(
                 f"{prefix}{shown!r} is locked by another process"
                 + (" (a physjax run writing it)" if writer else "")
