@@ -1547,7 +1547,7 @@ def _main(argv: list[str] | None) -> int:
         args = parser.parse_args(argv)
         from ._memory import tune_cpu_allocator
         from ._runner import RunInterrupted, SimulationBlewUp
-        from .io import OutputSpaceError
+        from .io import OutputRemoved, OutputSpaceError
     except KeyboardInterrupt:
         print("physjax: interrupted", file=sys.stderr)
         return 130
@@ -1569,7 +1569,7 @@ def _main(argv: list[str] | None) -> int:
     except RunInterrupted as e:
         print(f"physjax {args.command}: {e}", file=sys.stderr)
         return 130
-    except OutputSpaceError as e:
+    except (OutputSpaceError, OutputRemoved) as e:
         print(f"physjax {args.command}: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

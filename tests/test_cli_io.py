@@ -1302,6 +1302,32 @@ def test_a_second_writer_of_the_same_file_is_refused(tmp_path, capsys):
     assert main(["shallow-water", "--quiet", "--output", str(out), "--resume"]) == 0
 
 
+def test_an_output_removed_during_the_run_stops_it_in_one_line(tmp_path, capsys, monkeypatch):
+    """A file removed while the run wrote it (rm of a run taken for dead, a scratch purge):
+    the next append opened it in mode "a", which created an empty HDF5 file in its place,
+    and failed there with a KeyError: 'time' traceback; the empty file was then refused by
+    the next run as "not a physjax output file". Now: exit status 1, one line, no file."""
+    original = NetCDFWriter.append
+
+    def append(self, time, step, fields):
+        if step > 0:
+            os.remove(self.path)
+        return original(self, time, step, fields)
+
+    monkeypatch.setattr(NetCDFWriter, "append", append)
+    code, out = _run(tmp_path)
+    assert code == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"physjax shallow-water: error: {str(out)!r} was removed or moved away while it was "
+        "being written, so the run cannot go on: start it again (a file moved elsewhere "
+        "continues with --resume under its new name)"
+    )
+    assert not out.exists()
+    monkeypatch.undo()
+    assert _run(tmp_path)[0] == 0  # no --overwrite needed
+
+
 def test_an_output_with_a_long_name_is_written_locked_and_resumed(tmp_path, capsys):
     """The temporary file (``.NAME.<pid>.<hex>.partial``) and the lock (``.NAME.lock``)
     beside an output whose own name fits the folder's limit of 255 bytes could pass it: an

@@ -19,6 +19,9 @@ from ._netcdf import (
     OutputLocked as OutputLocked,
 )
 from ._netcdf import (
+    OutputRemoved as OutputRemoved,
+)
+from ._netcdf import (
     OutputSpaceError as OutputSpaceError,
 )
 from ._netcdf import (

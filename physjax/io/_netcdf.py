@@ -66,6 +66,10 @@ class OutputSpaceError(OSError):
     write, so the file still holds every frame written before, whole."""
 
 
+class OutputRemoved(FileNotFoundError):
+    """The file a writer was appending to is gone (removed while the run wrote it)."""
+
+
 class OutputLocked(ValueError):
     """Another process is writing the same output file."""
 
@@ -337,11 +341,19 @@ class NetCDFWriter:
             h5.close()
 
     def _open_h5(self) -> h5py.File:
+        if not os.path.exists(self.path):
+            # "a" would create an empty file in its place, which the next frame then failed
+            # on with KeyError: 'time', left behind as "not a physjax output file"
+            raise OutputRemoved(
+                f"{self.path!r} was removed or moved away while it was being written, so the "
+                "run cannot go on: start it again (a file moved elsewhere continues with "
+                "--resume under its new name)",
+            )
         tried = set()
         while True:
             tried.add(self._locking)
             try:  # None: HDF5's default locking (HDF5_USE_FILE_LOCKING is honoured)
-                return h5py.File(self.path, "a", locking=None if self._locking else False)
+                return h5py.File(self.path, "r+", locking=None if self._locking else False)
             except BlockingIOError:
                 if False in tried:
                     raise
