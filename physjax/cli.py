@@ -416,6 +416,14 @@ def _is_terminal(stream) -> bool:
         return False
 
 
+def _report(text: str, out) -> None:
+    """A run's closing line. The file is the record: a stdout that cannot take the line (a
+    log on a full disk or over its quota, a pipe whose reader has gone) does not turn a
+    finished run into a failed command (what stays buffered is dropped by run_command)."""
+    with contextlib.suppress(OSError, ValueError):
+        print(text, file=out, flush=True)
+
+
 class _ProgressStream:
     """The stream a run's progress bar writes to (stderr). The bar is a convenience and the
     file the record: where stderr cannot be written — a log on a full disk or over its
@@ -912,7 +920,7 @@ def _run_shallow_water(
             if plot:
                 _write_plot(output, plot)
             plot_note = f"; drew its last frame to {plot}" if plot else ""
-            print(f"{output} is already complete; nothing to resume{plot_note}", file=out)
+            _report(f"{output} is already complete; nothing to resume{plot_note}", out)
             return {"output": output, "frames": attrs["n_frames"], "resumed": False}
         status = attrs.get("status")
         if isinstance(status, str) and status.startswith("failed"):
@@ -1305,11 +1313,11 @@ def _run_shallow_water(
         wrote = f"{frames} more frame{'s' if frames != 1 else ''} ({total_frames} in the file)"
     else:
         wrote = f"{total_frames} frame{'s' if total_frames != 1 else ''}"
-    print(
+    _report(
         f"wrote {wrote} of {case_name} "
         f"(t = {step * dt:.6g} s, {step} step{'s' if step != 1 else ''} of "
         f"dt = {dt:.6g} s) to {output}{plot_note}{note}",
-        file=out,
+        out,
     )
     return {
         "output": output,
@@ -1538,6 +1546,14 @@ def run_command(argv: list[str] | None = None) -> None:
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(code)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            # output that cannot be written (a full disk, a closed pipe) is dropped, not left
+            # for the interpreter's exit, which would turn the status into 120
+            with contextlib.suppress(OSError, ValueError, AttributeError):
+                os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
     sys.exit(code)
 
 

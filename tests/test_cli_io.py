@@ -1683,6 +1683,27 @@ def test_a_progress_bar_that_cannot_be_written_does_not_stop_the_run(tmp_path, m
         assert f.attrs["n_frames"] == f["time"].shape[0] == 3  # steps 0, 10 and 12
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_a_finished_run_whose_log_is_full_exits_0(tmp_path):
+    """A batch job logging stdout and stderr to a full disk: the run's file was complete,
+    but its closing line failed with an OSError traceback (exit status 1; 120 where the
+    line stayed buffered to the interpreter's exit), so the job was reported failed. The
+    line is now dropped and the command exits 0."""
+    out = tmp_path / "full.h5"
+    args = ["--case", "gravity-wave", "--n", "16", "--t-end", "7200", "--save-every", "10"]
+    with open("/dev/full", "w") as full:
+        res = subprocess.run(
+            [sys.executable, "-m", "physjax.cli", "shallow-water", *args, "--output", str(out)],
+            stdout=full,
+            stderr=full,
+            timeout=300,
+        )
+    assert res.returncode == 0
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "complete"
+        assert f.attrs["n_frames"] == 3
+
+
 def test_writer_stores_numpy_and_jax_numbers_as_numbers(tmp_path):
     """A model's parameters are 0-d JAX arrays, step counts often NumPy integers: JSON
     cannot write either, and they used to be stored as text ("9.81" in `parameters`, the
