@@ -380,9 +380,11 @@ def _save_replacing(fig, output: str) -> None:
     and the temporary file is removed. A symbolic link is written through, and kept."""
     import secrets
 
+    from .io._reading import hidden_beside
+
     dest = os.path.realpath(output)
-    folder, base = os.path.split(dest)
-    tmp = os.path.join(folder, f".{base}.{os.getpid()}.{secrets.token_hex(4)}.partial")
+    # a name that nearly fills the folder's limit is cut and given a digest (as the writer's)
+    tmp = hidden_beside(dest, f".{os.getpid()}.{secrets.token_hex(4)}.partial")
     # the format by the name asked for, as savefig would take it (the temporary name has none)
     ext = os.path.splitext(output)[1][1:].lower() or "png"
     try:

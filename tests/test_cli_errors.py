@@ -1023,3 +1023,18 @@ def test_plot_title_gives_the_time_in_the_file_units(tmp_path, monkeypatch):
     titles.clear()
     assert main(["plot", str(run), "--output", str(tmp_path / "w.png")]) == 0
     assert titles == ["physjax, t = 3000 s"]
+
+
+def test_plot_of_a_long_or_bare_png_name_is_written_under_that_name(tmp_path):
+    """A picture named to nearly fill the folder's 255-byte limit stopped with "File name
+    too long" from its hidden temporary name; a picture named ``.png`` was written to
+    ``.png.png`` (matplotlib took the name for an extension alone)."""
+    run = tmp_path / "w.h5"
+    args = ["shallow-water", "--case", "gravity-wave", "--n", "16", "--t-end", "3000", "--quiet"]
+    assert main([*args, "--output", str(run)]) == 0
+    long = tmp_path / ("p" * 240 + ".png")
+    bare = tmp_path / ".png"
+    for png in (long, bare):
+        assert main(["plot", str(run), "--output", str(png)]) == 0
+        assert png.read_bytes().startswith(b"\x89PNG")
+    assert sorted(os.listdir(tmp_path)) == sorted([".png", long.name, "w.h5"])
