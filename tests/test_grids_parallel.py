@@ -507,6 +507,24 @@ def test_error_if_on_a_mesh_takes_batches_committed_arrays_and_names_a_wrong_mes
         error_if(np.ones(odd.shape), False, "boom", odd, make_mesh((4, 1)))
 
 
+@pytest.mark.multidevice
+def test_error_if_on_a_mesh_called_eagerly_compiles_once(compilations):
+    """Called eagerly, error_if ran a jax.shard_map of a new function, which compiled its
+    body again at every call (4 programs each time); a second call now compiles nothing."""
+    from physjax.parallel import error_if
+
+    grid = Grid((16, 16), (1.0, 1.0), dtype="float64")
+    mesh = make_mesh((2, 2))
+    x = np.arange(256.0).reshape(16, 16)
+    error_if(x, False, "boom", grid, mesh).block_until_ready()
+    with compilations() as seen:
+        out = error_if(x + 1, False, "boom", grid, mesh).block_until_ready()
+    assert seen == []
+    np.testing.assert_array_equal(np.asarray(out), x + 1)
+    with pytest.raises(Exception, match="boom"):
+        error_if(x, True, "boom", grid, mesh).block_until_ready()
+
+
 def test_z_stencils_refuse_2d_fields_and_grids():
     """interp_z_c2f of a 2-D field averaged along x (axis -3 wrapped round), and
     diff_z_c2f with a 2-D grid raised a bare IndexError."""

@@ -1300,3 +1300,21 @@ def test_solve_diffrax_on_a_mesh_that_reaches_max_steps_raises_without_gathering
     assert failed.result != diffrax.RESULTS.successful
     dense = m.solve_diffrax(s, 0.0, 4 * dt, mesh=mesh, saveat=diffrax.SaveAt(dense=True))
     assert dense.ys is None and dense.evaluate(dt).h.shape == m.grid.shape
+
+
+@pytest.mark.multidevice
+def test_solve_diffrax_on_a_mesh_compiles_once(adjust, compilations):
+    """The error check of a solve on a mesh (``throw=True``, the default) ran an eager
+    ``jax.shard_map`` of a new function, which compiled its body again at every call: 23
+    programs and 0.7 s for a 16² solve that itself takes 0.03 s, at every call of a loop.
+    A second call now compiles nothing, and still raises when the solve fails."""
+    m, s, dt = adjust
+    mesh = make_mesh((2, 2))
+    first = m.solve_diffrax(s, 0.0, 2 * dt, mesh=mesh)
+    with compilations() as seen:
+        again = m.solve_diffrax(s, 0.0, 2 * dt, mesh=mesh)
+        jax.block_until_ready(again.ys)
+    assert seen == []
+    assert _max_diff(again.ys, first.ys) == 0
+    with pytest.raises(Exception, match=r"maximum number of solver steps was reached"):
+        jax.block_until_ready(m.solve_diffrax(s, 0.0, 2 * dt, mesh=mesh, max_steps=1).ys)

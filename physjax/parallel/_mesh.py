@@ -281,6 +281,14 @@ def error_if(x: jax.Array, pred, message: str, grid: Grid, mesh: Mesh | None) ->
     decompose(grid, mesh)
     # called eagerly, an array committed to one device was refused by jax's device check
     x, pred = place_on_mesh((x, pred), grid, mesh)
+    return _error_if_on_blocks(x, pred, message, grid, mesh)
+
+
+@eqx.filter_jit
+def _error_if_on_blocks(x, pred, message: str, grid: Grid, mesh: Mesh):
+    """``eqx.error_if`` inside ``shard_map`` on each device's block, compiled once per
+    shape, message, grid and mesh: called eagerly, a ``jax.shard_map`` of a new function
+    compiled its body again at every call."""
     # split like the grid with its leading axes whole, as shard does: the grid's spec was
     # laid on the leading axes of (2, ny, nx), which were split, and (3, ny, nx) or a
     # non-field array stopped with shard_map's message
