@@ -1318,3 +1318,22 @@ def test_solve_diffrax_on_a_mesh_compiles_once(adjust, compilations):
     assert _max_diff(again.ys, first.ys) == 0
     with pytest.raises(Exception, match=r"maximum number of solver steps was reached"):
         jax.block_until_ready(m.solve_diffrax(s, 0.0, 2 * dt, mesh=mesh, max_steps=1).ys)
+
+
+def test_a_python_number_set_with_tree_at_is_no_static_value_of_a_float64_run(adjust, compilations):
+    """A parameter set with eqx.tree_at as a Python number is taken as an array of the model's
+    dtype by every method; in a float64 model it was not (np.dtype("float64") == None is
+    True, so the number passed for float64), entered the compiled run as a static value,
+    and every new value (a sweep over gravity) compiled the run again, as no float32 model
+    did. A new value now compiles nothing and runs as the same value given as an array."""
+    m, s, dt = adjust
+
+    def final(g):
+        return _last(eqx.tree_at(lambda mm: mm.gravity, m, g).run(s, dt=dt, n_steps=2))
+
+    final(9.0)
+    with compilations() as seen:
+        got = final(9.5)
+        jax.block_until_ready(got)
+    assert seen == []
+    assert _max_diff(got, final(jnp.asarray(9.5, jnp.float64))) == 0

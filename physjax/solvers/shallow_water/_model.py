@@ -819,7 +819,10 @@ class ShallowWater(eqx.Module):
         dtype = np.dtype(self.grid.dtype)
         old = [getattr(self, name) for name in _PARAMETERS]
         new = jax.tree.map(
-            lambda x: x if getattr(x, "dtype", None) == dtype else jnp.asarray(x, dtype), old
+            # hasattr first: np.dtype("float64") == None is True, which left a Python number
+            # in a float64 model, static to jit (every new value compiled the run again)
+            lambda x: x if hasattr(x, "dtype") and x.dtype == dtype else jnp.asarray(x, dtype),
+            old,
         )
         if all(a is b for a, b in zip(jax.tree.leaves(old), jax.tree.leaves(new))):
             return self
