@@ -561,6 +561,30 @@ def test_shard_map_fields_names_a_padded_result():
     np.testing.assert_allclose(good(a), one, rtol=0, atol=1e-12 * float(jnp.abs(one).max()))
 
 
+def _laplacian_of(G, f, scale):
+    return scale * interior(laplacian(fill_halo(f, G, CENTRE), G), G)
+
+
+@pytest.mark.multidevice
+def test_shard_map_fields_called_eagerly_on_a_mesh_compiles_once(compilations):
+    """Called eagerly on a mesh, shard_map_fields ran jax.shard_map on a new function at
+    every call, which compiled its body again operation by operation: 67 programs and 2-3 s
+    at every call of a 256² Laplacian on a 2×2 mesh, which runs in 1 ms compiled. A second
+    call, through the same wrapper or a new one, and with new field values, now compiles
+    nothing; the result is the one-device one."""
+    g = Grid((12, 16), (1.0, 2.0), periodic=(False, True), dtype="float64")
+    mesh = make_mesh((2, 2))
+    rng = np.random.default_rng(0)
+    a, b = (jnp.asarray(rng.normal(size=g.shape)) for _ in range(2))
+    shard_map_fields(_laplacian_of, g, mesh)(a, 2.0)
+    with compilations() as seen:
+        out = shard_map_fields(_laplacian_of, g, mesh)(b, 2.0).block_until_ready()
+    assert seen == []
+    one = _laplacian_of(g, b, 2.0)
+    np.testing.assert_allclose(out, one, rtol=0, atol=1e-12 * float(jnp.abs(one).max()))
+    assert out.sharding.spec == jax.sharding.PartitionSpec("y", "x")
+
+
 def test_shard_map_fields_names_a_padded_result_on_one_device_too():
     """Without a mesh (or on a mesh of one device) a padded result was returned as it was:
     code that passed on one device was refused only once it ran on a mesh."""

@@ -213,7 +213,9 @@ def shard_map_fields(fn: Callable[..., Any], grid: Grid, mesh: Mesh | None) -> C
     it, and with one device it is all there is), so it may not use collectives such as
     ``lax.psum``: return the fields and reduce them outside (``jnp.sum`` of a sharded
     result is a global sum). Non-field results are replicated: compute them identically on
-    every device.
+    every device. On a mesh of several devices the call is compiled (``eqx.filter_jit``,
+    once per ``fn``, grid, mesh and argument shapes; arguments that are not arrays, such as
+    Python numbers, are static: a new value compiles again).
     """
     _check_types(grid, mesh)  # a count for the mesh stopped on mesh.size
     if mesh is None or mesh.size == 1:
@@ -226,26 +228,36 @@ def shard_map_fields(fn: Callable[..., Any], grid: Grid, mesh: Mesh | None) -> C
             return out
 
         return whole
-    local = decompose(grid, mesh)
+    decompose(grid, mesh)  # a mesh that does not divide the grid is refused here, eagerly
 
     def wrapped(*args):
-        arrays, static = eqx.partition(args, eqx.is_array)
-        out_shape = jax.eval_shape(lambda a: fn(grid, *eqx.combine(a, static)), arrays)
-        # taken for a replicated result, it fails in shard_map with a message about
-        # replication and check_vma, which would be the wrong fix
-        _refuse_padded(out_shape, grid)
-
-        def body(a):
-            return fn(local, *eqx.combine(a, static))
-
-        return jax.shard_map(
-            body,
-            mesh=mesh,
-            in_specs=(_specs(arrays, grid, mesh),),
-            out_specs=_specs(out_shape, grid, mesh),
-        )(arrays)
+        return _shard_map_call(fn, grid, mesh, args)
 
     return wrapped
+
+
+@eqx.filter_jit
+def _shard_map_call(fn: Callable[..., Any], grid: Grid, mesh: Mesh, args: tuple) -> Any:
+    """``shard_map_fields``'s call on a mesh of several devices, compiled once per ``fn``,
+    grid, mesh and argument layout: called eagerly, a ``jax.shard_map`` of a new function
+    compiled its body again, operation by operation, at every call (67 programs and 2-3 s
+    for a 256² Laplacian on a 2×2 mesh that runs in 1 ms compiled)."""
+    local = decompose(grid, mesh)
+    arrays, static = eqx.partition(args, eqx.is_array)
+    out_shape = jax.eval_shape(lambda a: fn(grid, *eqx.combine(a, static)), arrays)
+    # taken for a replicated result, it fails in shard_map with a message about
+    # replication and check_vma, which would be the wrong fix
+    _refuse_padded(out_shape, grid)
+
+    def body(a):
+        return fn(local, *eqx.combine(a, static))
+
+    return jax.shard_map(
+        body,
+        mesh=mesh,
+        in_specs=(_specs(arrays, grid, mesh),),
+        out_specs=_specs(out_shape, grid, mesh),
+    )(arrays)
 
 
 def _refuse_padded(out: Any, grid: Grid) -> None:
