@@ -1337,3 +1337,28 @@ def test_a_python_number_set_with_tree_at_is_no_static_value_of_a_float64_run(ad
         jax.block_until_ready(got)
     assert seen == []
     assert _max_diff(got, final(jnp.asarray(9.5, jnp.float64))) == 0
+
+
+@pytest.mark.multidevice
+def test_runs_where_numpy_dtype_promotion_is_strict(adjust):
+    """Code that sets jax_numpy_dtype_promotion="strict" (JAX's setting that refuses
+    implicit promotions) could not run the model: every fixed-step run stopped with
+    TypePromotionError on the times t0 + k dt (an integer step count times a float), and
+    every run on a mesh on the global row index (int32 block offset + int64 index). The
+    conversions are now written out; the results are those of standard promotion."""
+    m, s, dt = adjust
+    strips = ShallowWater(m.grid, gravity=m.gravity, coriolis=m.coriolis, strip_rows=6)
+    mesh = make_mesh((2, 2))
+
+    def runs():
+        return (
+            _last(m.run(s, dt=dt, n_steps=4, save_every=2)),
+            strips.advance(s, t0=0.0, dt=dt, n_steps=5),
+            m.run(s, dt=dt, n_steps=2, mesh=mesh).states,
+            m.solve_diffrax(s, 0.0, 2 * dt, mesh=mesh).ys,
+        )
+
+    standard = runs()
+    with jax.numpy_dtype_promotion("strict"):
+        strict = runs()
+    assert _max_diff(strict, standard) == 0

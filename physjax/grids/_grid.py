@@ -390,8 +390,10 @@ class Grid(eqx.Module):
         a = self._array_axis(axis)
         n_local = self.local_shape[a]
         h = self.halo if padded else 0
-        start = self.block_index(a) * n_local
-        return start + jnp.arange(-h, n_local + h)
+        index = jnp.arange(-h, n_local + h)
+        # the block's offset (an int32 under shard_map) in the dtype of the index, as
+        # standard promotion gives it: "strict" promotion refused int32 + int64
+        return jnp.asarray(self.block_index(a) * n_local, index.dtype) + index
 
     def local_coordinates(
         self, name: str, stagger: Stagger = "centre", padded: bool = False

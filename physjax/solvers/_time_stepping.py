@@ -250,6 +250,13 @@ def _count(name: str, n, minimum: int, also: str = "") -> int:
     return int(n)
 
 
+def _steps(k, dt):
+    """A step count ``k`` (an integer array) in the dtype of ``dt``, as ``k * dt`` converts it:
+    written out, so that it also runs where ``jax_numpy_dtype_promotion`` is ``"strict"``
+    (which refused the implicit integer-to-float promotion)."""
+    return jnp.asarray(k, jnp.result_type(dt))
+
+
 def advance(step: Callable, y: PyTree, t0, dt, n_steps: int, block: Block | None = None) -> PyTree:
     """Apply ``step(y, t, dt)`` ``n_steps`` times inside one ``lax.scan``.
 
@@ -266,14 +273,14 @@ def advance(step: Callable, y: PyTree, t0, dt, n_steps: int, block: Block | None
     t0, dt = _in_dtype(_time_dtype(y), t0, dt)
 
     def body(y, k):
-        return step(y, t0 + k * dt, dt), None
+        return step(y, t0 + _steps(k, dt) * dt, dt), None
 
     done = 0
     if block is not None and block[0] > 1 and n_steps >= block[0]:
         S, step_S = block
 
         def body_S(y, k):
-            return step_S(y, tuple(t0 + (k * S + j) * dt for j in range(S)), dt), None
+            return step_S(y, tuple(t0 + _steps(k * S + j, dt) * dt for j in range(S)), dt), None
 
         done = n_steps // S * S
         y, _ = lax.scan(body_S, y, jnp.arange(n_steps // S))
@@ -301,7 +308,7 @@ def integrate(
     t0, dt = _in_dtype(_time_dtype(y0), t0, dt)
 
     def body(y, frame):
-        t_start = t0 + frame * save_every * dt
+        t_start = t0 + _steps(frame * save_every, dt) * dt
         y = advance(step, y, t_start, dt, save_every, block)
         return y, observe(y)
 
