@@ -463,3 +463,69 @@ def test_padded_carry_benchmark_makes_its_output_folder_before_measuring(tmp_pat
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "folder made before measuring: True" in done.stdout
+
+
+_GPU_CHECK_STUB = r'''#!PYTHON
+"""Stands in for the interpreter of benchmarks/gpu_check.sh: the benchmarks write the files
+they name (as many as they would), anything else runs for real."""
+import os, subprocess, sys
+
+args = sys.argv[1:]
+script = os.path.basename(args[0]) if args else ""
+if script not in ("shallow_water.py", "sw_padded_carry.py", "poisson.py", "run_shallow_water.py"):
+    sys.exit(subprocess.call([sys.executable, *args]))
+
+
+def value(flag):
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+sizes = []
+if "--sizes" in args:
+    for word in args[args.index("--sizes") + 1 :]:
+        if word.startswith("--"):
+            break
+        sizes.append(word)
+names = [value("--output"), value("--plot")]
+if value("--hlo"):
+    prefix = "carry_" if script == "sw_padded_carry.py" else "hlo_"
+    kinds = ("plain_", "interior_", "readback_") if prefix == "carry_" else ("",)
+    largest = sizes if prefix == "carry_" else sizes[-1:]
+    folder = value("--hlo")
+    names += [os.path.join(folder, f"{prefix}{k}{n}_float32.txt") for k in kinds for n in largest]
+for name in filter(None, names):
+    open(name, "w").close()
+print(script, "done")
+'''
+
+
+def test_gpu_check_leaves_the_device_tool_at_most_eight_files(tmp_path):
+    """The device tool brings back at most 8 files from $OUT; with CARRY=1 and EXTRAS=1 the
+    GPU check wrote 16 there (six compiled programs of the padded-carry experiment among
+    them), so half of a run's results never came back. Beyond 8 it packs all but its own
+    three into one archive."""
+    import shutil
+    import tarfile
+
+    if shutil.which("bash") is None or shutil.which("tar") is None:
+        pytest.skip("needs bash and tar")
+    stub = tmp_path / "python"
+    stub.write_text(_GPU_CHECK_STUB.replace("PYTHON", sys.executable, 1))
+    stub.chmod(0o755)
+    out = tmp_path / "out"
+    done = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh"],
+        cwd=ROOT,
+        env=dict(os.environ, OUT=str(out), PYTHON=str(stub), SIZES="16 32", EXTRAS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8, files
+    assert {"gpu_env.log", "shallow_water_gpu.json", "shallow_water_gpu.log"} <= set(files)
+    with tarfile.open(out / "gpu_check_files.tar.gz") as tar:
+        packed = set(tar.getnames())
+    assert {"hlo_32_float32.txt", "carry_readback_32_float32.txt", "sw_gpu.png"} <= packed
+    assert {"cli_gpu.log", "poisson_gpu.json", "sw_padded_carry_gpu.json"} <= packed
