@@ -529,3 +529,50 @@ def test_gpu_check_leaves_the_device_tool_at_most_eight_files(tmp_path):
         packed = set(tar.getnames())
     assert {"hlo_32_float32.txt", "carry_readback_32_float32.txt", "sw_gpu.png"} <= packed
     assert {"cli_gpu.log", "poisson_gpu.json", "sw_padded_carry_gpu.json"} <= packed
+
+
+_AB_FUSIONS = r"""
+import os, sys
+sys.path.insert(0, os.path.dirname(sys.argv[1]))
+from physjax.solvers.shallow_water import _blocked
+
+_blocked.CACHE_SYSFS = sys.argv[2]  # a machine with 4 KiB of cache: auto blocks at 64²
+import importlib.util
+
+spec = importlib.util.spec_from_file_location("ab", sys.argv[1])
+ab = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(ab)
+# the timing takes minutes: stand-ins; the fusion count is real
+ab.compiled_advance = lambda *a: None
+ab.interleaved = lambda fns, rounds, seconds: {v: (1.0, 1.0) for v in fns}
+ab.main(["64:float32:auto:auto", "64:float32:0:auto", "--fusions"])
+"""
+
+
+def test_ab_benchmark_counts_no_strips_as_a_plain_step(tmp_path):
+    """``shallow_water_ab.py --fusions`` counts the kernels of the plain step; for a variant
+    of automatic rows that blocks into strips (on a CPU whose cache the fields outgrow) it
+    printed the strips' loop body as "fusions/step" beside the plain step's. Such a variant
+    gets no count now."""
+    cache = tmp_path / "cache" / "index3"
+    cache.mkdir(parents=True)
+    for name, text in (("type", "Unified"), ("level", "3"), ("size", "4K")):
+        (cache / name).write_text(text + "\n")
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _AB_FUSIONS,
+            str(ROOT / "benchmarks" / "shallow_water_ab.py"),
+            str(cache.parent),
+        ],
+        cwd=tmp_path,
+        env=dict(os.environ, PHYSJAX_NO_ALLOCATOR_TUNING="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = {line.split()[0]: line for line in done.stdout.splitlines() if "best" in line}
+    assert "fusions/step" not in lines["64:float32:auto:auto"], done.stdout
+    assert "fusions/step" in lines["64:float32:0:auto"], done.stdout
