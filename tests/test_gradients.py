@@ -938,3 +938,32 @@ def test_points_of_a_one_dimensional_problem_given_as_a_flat_array():
     with pytest.raises(ValueError, match=r"got shape \(\); for one point of a 1-D problem"):
         pg.laplacian(u, batched=True)(xs[0])
     assert pg.laplacian(u, batched=True)(xs[:, None]).shape == (5,)
+
+
+@pytest.mark.parametrize("kind", ["mlp", "fourier", "eqx"])
+def test_an_activation_closing_over_a_trained_slope_is_differentiated_with_batched(kind):
+    """An adaptive activation, tanh(a z) with the slope a trained: with batched=True and
+    recompute=True the chain's custom VJP closed over a, and jax.grad with respect to a
+    stopped with an UnexpectedTracerError. It now gives the gradient of the nested-reverse
+    reference."""
+    key = jax.random.key(0)
+    xs = jax.random.uniform(jax.random.key(1), (5, 2), jnp.float64)
+    base = eqx.nn.MLP(2, "scalar", 6, 2, jnp.tanh, key=key, dtype=jnp.float64)
+
+    def model(a):
+        act = lambda z: jnp.tanh(a * z)  # noqa: E731
+        if kind == "eqx":
+            return eqx.tree_at(lambda m: m.activation, base, act)
+        cls = pg.MLP if kind == "mlp" else pg.FourierMLP
+        return cls(2, "scalar", 6, 2, act, key=key, dtype=jnp.float64)
+
+    def loss(a):
+        return jnp.sum(pg.laplacian(model(a), batched=True)(xs) ** 2)
+
+    def reference(a):
+        lap = jax.vmap(lambda x: jnp.trace(jax.hessian(model(a))(x)))(xs)
+        return jnp.sum(lap**2)
+
+    expected = jax.grad(reference)(1.3)
+    assert _rel(jax.grad(loss)(1.3), expected) < RTOL
+    assert _rel(jax.jit(jax.grad(loss))(1.3), expected) < RTOL

@@ -342,15 +342,38 @@ def batch_second(fn, x: Array, directions: Array, form: Form, recompute: bool) -
     vmapped nested-``jvp`` operator under ``jax.vjp`` in the backward pass, so closed-over
     parameters get their cotangent from one contraction over points, not per point.
     """
-    if is_chain(fn):
+    if is_chain(fn) and not (recompute and _activation_closes_over_tracers(fn)):
         return chain_second(fn, x, directions, form, recompute)
-    if has_own_jet(fn):
+    if is_eqx_chain(fn) or not has_own_jet(fn):
+        return _generic_second(fn, x, directions, form, recompute)
 
-        def point(y):
-            return second_rows(fn.jet(y, directions, form, recompute).second, form)
+    def point(y):
+        return second_rows(fn.jet(y, directions, form, recompute).second, form)
 
-        return jax.vmap(point)(x)
+    return jax.vmap(point)(x)
 
+
+def _activation_closes_over_tracers(fn) -> bool:
+    """Whether an activation of the chain ``fn`` closes over a traced value.
+
+    An activation such as ``lambda z: jnp.tanh(a * z)`` with a trainable slope ``a`` (an
+    adaptive activation) made inside a ``jit`` or ``grad``: the chain's custom VJP cannot
+    take a cotangent for a value its hand-written rules close over (JAX stopped with an
+    ``UnexpectedTracerError``), so such a chain takes the per-point layer rule (physjax
+    models) or the generic path (``equinox.nn.MLP``), which differentiate it.
+    """
+    weight, _, steps, final = _chain_parts(fn)
+    acts = [a for a, _, _ in steps] + ([] if final is None else [final])
+    example = jax.ShapeDtypeStruct((1,), weight.dtype)
+    for act in acts:
+        consts = jax.make_jaxpr(act)(example).consts
+        if any(isinstance(c, jax.core.Tracer) for c in consts):
+            return True
+    return False
+
+
+def _generic_second(fn, x: Array, directions: Array, form: Form, recompute: bool) -> Array:
+    """Second-order part ``(N, s, m)`` of any function by vmapped nested ``jax.jvp``."""
     params, static = eqx.partition(fn, eqx.is_inexact_array)
 
     def pure(p, y):
