@@ -13,7 +13,6 @@ import contextlib
 import math
 import os
 import re
-import sys
 import time
 from typing import Any
 
@@ -468,16 +467,22 @@ def _axis_of(dim: str | None) -> str | None:
     return name if name in ("x", "y", "z") else None
 
 
+def _note(text: str) -> None:
+    """A line on stderr, dropped where stderr cannot be written (``physjax.cli._note``)."""
+    from .cli import _note
+
+    _note(text)
+
+
 def _note_other_boundaries(field: dict, bc, names) -> None:
     """A note on stderr for each axis whose coordinate records a boundary (a physjax run's
     ``boundary`` attribute: ``periodic`` or ``wall``) other than the one ``--bc`` gives."""
     for axis, (recorded, b) in enumerate(zip(field.get("boundaries") or [], bc)):
         if recorded not in ("periodic", "wall") or (recorded == "periodic") == (b == "periodic"):
             continue
-        print(
+        _note(
             f"physjax poisson: note: the {names[axis]} axis of {field['spec']} is {recorded} "
-            f"in the file that wrote it; --bc gives it {b}",
-            file=sys.stderr,
+            f"in the file that wrote it; --bc gives it {b}"
         )
 
 
@@ -557,12 +562,11 @@ def _note_staggered_walls(field: dict, bc, names, extent, shape) -> None:
         if b == "periodic" or not (dim or "").lower().endswith("_f"):
             continue
         name = names[axis]
-        print(
+        _note(
             f"physjax poisson: note: {field['spec']} lies on {name} faces ({dim}); its "
             f"values are taken as cell centres, so the {b} boundaries are half a cell "
             f"(d{name}/2 = {extent[axis] / shape[axis] / 2:g} m) beyond its first and last "
-            f"values, not on the walls of the run that wrote it (docs/poisson.md)",
-            file=sys.stderr,
+            f"values, not on the walls of the run that wrote it (docs/poisson.md)"
         )
 
 
@@ -586,10 +590,9 @@ def _in_grid_order(field: dict, option: str) -> dict:
         axes = [a if a is not None else next(free) for a in axes]
     if named and len(named) < ndim and axes != list(want):
         taken = ", ".join(f"{d or '?'!r} as {a}" for d, a in zip(dims, axes) if _axis_of(d) is None)
-        print(
+        _note(
             f"physjax poisson: note: {field['spec']} has dimensions {tuple(dims)}; took "
-            f"{taken} (the axes its named dimensions leave)",
-            file=sys.stderr,
+            f"{taken} (the axes its named dimensions leave)"
         )
     if not named:
         return field
@@ -947,13 +950,11 @@ def _run(args, held: contextlib.ExitStack) -> int:
 
     n_dev = 1 if mesh is None else mesh.size
     if not s.get("quiet"):
-        print(
+        _note(
             f"physjax poisson: {'×'.join(map(str, shape))} cells, bc {','.join(bc)}"
             + ("" if shift is None else f", shift {shift:g}")
             + f", {method} on {n_dev} device{'s' if n_dev > 1 else ''} "
-            f"({jax.default_backend()})",
-            file=sys.stderr,
-            flush=True,
+            f"({jax.default_backend()})"
         )
     fj = jnp.asarray(f, s["precision"])
     start = time.perf_counter()
@@ -1026,7 +1027,7 @@ def _run(args, held: contextlib.ExitStack) -> int:
         plot=s.get("plot") or "",
     )
     if replacing:  # named once every setting has passed, as the file is replaced
-        print(replacing, file=sys.stderr)
+        _note(replacing)
     writer = NetCDFWriter(
         output,
         grid,
@@ -1088,10 +1089,9 @@ def _run(args, held: contextlib.ExitStack) -> int:
         what += f" (mean of f {f_mean:.3e} removed)"
     where = f"{output}" + (f" and {s['plot']}" if s.get("plot") else "")
     if not converged:
-        print(
+        _note(
             f"physjax poisson: {method} did not converge in {_iterations(iterations)} (relative "
-            f"residual {rel_residual:.2e} > rtol {solver.rtol:.0e}); wrote {where}, marked failed",
-            file=sys.stderr,
+            f"residual {rel_residual:.2e} > rtol {solver.rtol:.0e}); wrote {where}, marked failed"
         )
         return 1
     print(f"{what}; wrote {where}")

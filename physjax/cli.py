@@ -458,6 +458,15 @@ class _ProgressStream:
         return getattr(self._stream, name)
 
 
+def _note(text: str) -> None:
+    """A line on stderr (a note, a header, a warning) that, like the progress bar, is dropped
+    where stderr cannot be written (a full log, ``2>&-``) instead of stopping the command,
+    and never goes to stdout in its place (``print(file=None)`` writes there)."""
+    stream = _ProgressStream(sys.stderr)
+    stream.write(f"{text}\n")
+    stream.flush()
+
+
 #: Signals that end a run at once, keeping its frames: SIGTERM (a batch system's time limit,
 #: ``kill``) and SIGHUP (the terminal closed under a run started without ``nohup``).
 _TERMINATING = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGHUP") if hasattr(signal, n))

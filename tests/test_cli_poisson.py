@@ -1382,3 +1382,42 @@ def test_check_takes_a_float32_fields_round_off_mean(tmp_path, capsys):
     args[1] = f"{rhs}:off"
     code, _ = _poisson(tmp_path, *args, name="c.h5")
     assert code == 2 and "needs ∫f = 0" in capsys.readouterr().err
+
+
+class _FullLog:
+    """A stderr that refuses every write, as a log on a full disk or over its quota does."""
+
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+    def flush(self):
+        raise OSError(28, "No space left on device")
+
+    def isatty(self):
+        return False
+
+
+@pytest.mark.parametrize("stderr", [_FullLog(), None], ids=["full-log", "closed-stderr"])
+def test_notes_that_cannot_be_written_do_not_stop_the_solve(tmp_path, monkeypatch, capsys, stderr):
+    """The header, the notes (a dimension taken by position, a file replaced) and the line
+    of a solve that did not converge go to stderr; where it could not be written (a log on
+    a full disk, ENOSPC) the command stopped with an OSError traceback and no file, and
+    with stderr closed (``2>&-``, None) they went to stdout among the closing line. They
+    are now dropped, as the progress bar is: the solve ends, its file written."""
+    src = tmp_path / "f.nc"
+    f = np.random.default_rng(0).standard_normal((32, 32))
+    f -= f.mean()
+    xr.Dataset({"f": (("row", "x"), f)}).to_netcdf(src, engine="h5netcdf")
+    out = tmp_path / "p.h5"
+    out.write_bytes(b"old")  # replaced: a note
+    monkeypatch.setattr(sys, "stderr", stderr)
+    args = ["poisson", "--rhs", f"{src}:f", "--overwrite", "--output", str(out)]
+    assert main([*args, "--bc", "periodic"]) == 0
+    with h5py.File(out, "r") as h:
+        assert h.attrs["status"] == "complete"
+    args += ["--bc", "dirichlet", "--method", "multigrid", "--max-iterations", "1"]
+    assert main(args) == 1  # not converged: its line dropped, the file marked failed
+    with h5py.File(out, "r") as h:
+        assert h.attrs["status"].startswith("failed: not converged")
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 1 and printed[0].startswith("poisson spectral:")
