@@ -1574,7 +1574,7 @@ def _main(argv: list[str] | None) -> int:
         from ._runner import RunInterrupted, SimulationBlewUp
         from .io import OutputRemoved, OutputSpaceError
     except KeyboardInterrupt:
-        print("physjax: interrupted", file=sys.stderr)
+        _note("physjax: interrupted")
         return 130
 
     tune_cpu_allocator()  # reuse large freed buffers; PHYSJAX_NO_ALLOCATOR_TUNING=1 to skip
@@ -1583,22 +1583,22 @@ def _main(argv: list[str] | None) -> int:
         return args.func(args)
     except SimulationBlewUp as e:
         notes = "".join(f"\n{note}" for note in getattr(e, "__notes__", ()))  # the plot drawn
-        print(f"physjax {args.command}: {e}{notes}", file=sys.stderr)
+        _note(f"physjax {args.command}: {e}{notes}")
         return 3
     except (ValueError, TypeError) as e:
         if getattr(e, "_physjax_unforeseen", False):  # mid-run, a bug: its traceback
             raise
         notes = "".join(f"\n{note}" for note in getattr(e, "__notes__", ()))  # where a run stopped
-        print(f"physjax {args.command}: error: {e}{notes}", file=sys.stderr)
+        _note(f"physjax {args.command}: error: {e}{notes}")
         return 2
     except RunInterrupted as e:
-        print(f"physjax {args.command}: {e}", file=sys.stderr)
+        _note(f"physjax {args.command}: {e}")
         return 130
     except (OutputSpaceError, OutputRemoved) as e:
-        print(f"physjax {args.command}: error: {e}", file=sys.stderr)
+        _note(f"physjax {args.command}: error: {e}")
         return 1
     except KeyboardInterrupt:
-        print(f"physjax {args.command}: interrupted", file=sys.stderr)
+        _note(f"physjax {args.command}: interrupted")
         return 130
 
 

@@ -1421,3 +1421,18 @@ def test_notes_that_cannot_be_written_do_not_stop_the_solve(tmp_path, monkeypatc
         assert h.attrs["status"].startswith("failed: not converged")
     printed = capsys.readouterr().out.splitlines()
     assert len(printed) == 1 and printed[0].startswith("poisson spectral:")
+
+
+@pytest.mark.parametrize("stderr", [_FullLog(), None], ids=["full-log", "closed-stderr"])
+def test_bad_input_exits_2_where_stderr_cannot_be_written(tmp_path, monkeypatch, capsys, stderr):
+    """A bad input's one-line message goes to stderr with exit status 2; where stderr could
+    not be written (a log on a full disk) writing the message raised an OSError from the
+    command, a traceback and status 1 (a job's script taking it for a failed run, not a
+    refused input), and with stderr closed (``2>&-``) the message went to stdout. The
+    message is now dropped and the status stays 2."""
+    monkeypatch.setattr(sys, "stderr", stderr)
+    out = tmp_path / "p.h5"
+    assert main(["poisson", "--n", "-3", "--output", str(out)]) == 2
+    assert main(["poisson", "--rhs", f"{tmp_path / 'none.h5'}:f", "--output", str(out)]) == 2
+    assert not out.exists()
+    assert capsys.readouterr().out == ""
