@@ -1886,3 +1886,26 @@ def test_python_m_physjax_is_the_command():
         [sys.executable, "-m", "physjax", "--help"], capture_output=True, text=True, timeout=300
     )
     assert res.returncode == 0 and res.stdout.startswith("usage: physjax "), res
+
+
+def test_finish_refuses_the_writers_own_attributes(tmp_path):
+    """finish(**attrs) stored any attribute, the writer's own too: finish(n_frames=1) on a
+    file of 2 frames left n_frames = 1, and every reader (read_frame, xarray sliced by
+    n_frames as docs/output.md shows, a resume) then lost the last frame. They are now
+    refused, as the constructor's attrs are, and the file is left as it was."""
+    from physjax.grids import Grid
+    from physjax.io import Variable, read_attrs
+
+    g = Grid((4, 6), (1.0, 1.0), dtype="float64")
+    w = NetCDFWriter(tmp_path / "f.h5", g, [Variable("h", ("centre", "centre"), "m", "h")])
+    for k in range(2):
+        w.append(float(k), k, {"h": np.full(g.shape, k)})
+    for key in ("n_frames", "physjax_version", "Conventions", "parameter_g"):
+        with pytest.raises(ValueError, match=rf"finish: \['{key}'\] are written by physjax"):
+            w.finish(**{key: 1})
+    attrs = read_attrs(w.path)
+    assert attrs["status"] == "running" and attrs["n_frames"] == 2
+    w.finish(iterations=3)
+    with h5py.File(w.path, "r") as f:
+        assert int(f.attrs["n_frames"][0]) == 2 and f.attrs["status"] == "complete"
+        assert f.attrs["physjax_version"] != 1 and f.attrs["iterations"] == 3

@@ -255,6 +255,17 @@ def check_writable(path: str | os.PathLike, what: str = "output path") -> None:
         raise ValueError(f"{what} {path!r} is not writable: {e.strerror or e}") from None
 
 
+def _refuse_writer_attrs(attrs: Mapping[str, Any], what: str) -> None:
+    """Refuse the writer's own attributes (its record of the file: status, frame count,
+    version, the parameters' copies) among those a caller gives."""
+    owned = sorted(k for k in attrs if k in _WRITER_ATTRS or str(k).startswith("parameter_"))
+    if owned:
+        raise ValueError(
+            f"{what}: {owned} are written by physjax itself; give parameters in "
+            "attrs['parameters'] and choose other names for the rest"
+        )
+
+
 class NetCDFWriter:
     """Writes frames of a run into a NetCDF4 file, one open–append–close per frame.
 
@@ -306,14 +317,7 @@ class NetCDFWriter:
                     f"Variable.time_dependent of {v.name!r} must be True or False, got "
                     f"{v.time_dependent!r}"
                 )
-        owned = sorted(
-            k for k in (attrs or {}) if k in _WRITER_ATTRS or str(k).startswith("parameter_")
-        )
-        if owned:  # the writer's own record of the file: status, frame count, version
-            raise ValueError(
-                f"attrs: {owned} are written by physjax itself; give parameters in "
-                "attrs['parameters'] and choose other names for the rest"
-            )
+        _refuse_writer_attrs(attrs or {}, "attrs")
         self.variables = {v.name: v for v in variables}
         self._locking = True
         if _create:
@@ -548,7 +552,10 @@ class NetCDFWriter:
 
     def finish(self, status: str = STATUS_COMPLETE, **attrs: Any) -> None:
         """Mark the file ``complete`` (or another status, e.g. ``"failed: …"``); a trailing
-        incomplete frame is dropped."""
+        incomplete frame is dropped. `attrs` are stored as global attributes, except the
+        writer's own (``n_frames``, ``physjax_version``, ``Conventions``, ``parameter_*``),
+        refused with a ``ValueError`` before anything is written."""
+        _refuse_writer_attrs(attrs, "finish")
         with self._open() as f:
             _drop_incomplete_frame(f)
             f.attrs["status"] = status
