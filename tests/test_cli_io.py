@@ -1909,3 +1909,32 @@ def test_finish_refuses_the_writers_own_attributes(tmp_path):
     with h5py.File(w.path, "r") as f:
         assert int(f.attrs["n_frames"][0]) == 2 and f.attrs["status"] == "complete"
         assert f.attrs["physjax_version"] != 1 and f.attrs["iterations"] == 3
+
+
+def test_masked_cells_of_a_masked_array_are_stored_as_nan(tmp_path):
+    """A NumPy masked array (a land mask; what netCDF4 and xarray's to_masked_array give)
+    lost its mask on the way into the file: the masked cells were stored as whatever lay
+    under the mask (1e20 here, a netCDF fill value), as valid data. They are now stored as
+    NaN, in append and write_static, for float and integer arrays."""
+    import xarray as xr
+
+    from physjax.grids import Grid
+    from physjax.io import Variable, read_frame
+
+    g = Grid((4, 6), (1.0, 1.0), dtype="float32")
+    centre = ("centre", "centre")
+    variables = [Variable("h", centre, "m", "h"), Variable("b", centre, "m", "b", False)]
+    w = NetCDFWriter(tmp_path / "m.h5", g, variables)
+    land = np.zeros(g.shape, bool)
+    land[1, 2] = land[3, 5] = True
+    h = np.ma.masked_array(np.where(land, 1e20, np.arange(24.0).reshape(g.shape)), land)
+    w.append(0.0, 0, {"h": h})
+    w.write_static({"b": np.ma.masked_array(np.ones(g.shape, int), land)})
+    w.append(1.0, 1, {"h": np.ma.masked_array(np.ones(g.shape))})  # nothing masked
+    w.finish()
+    first = read_frame(w.path, 0)["h"]
+    assert np.isnan(first[land]).all()
+    assert np.array_equal(first[~land], np.arange(24.0).reshape(g.shape)[~land])
+    with xr.open_dataset(w.path) as ds:
+        assert np.isnan(ds.b.values[land]).all() and (ds.b.values[~land] == 1).all()
+        assert (ds.h.values[1] == 1).all()

@@ -462,7 +462,8 @@ class NetCDFWriter:
         field is checked first (a time-dependent variable of the writer's, real and numeric,
         of the grid's shape, with no finite value beyond the range of the file's dtype, which
         would be stored as inf), as are ``time`` (finite) and ``step`` (a whole number ≥ 0):
-        a ``ValueError`` names the first that fails, and nothing is written."""
+        a ``ValueError`` names the first that fails, and nothing is written. The masked
+        cells of a NumPy masked array (a land mask) are stored as NaN."""
         if not any(v.time_dependent for v in self.variables.values()):
             raise ValueError(
                 f"{self.path!r} has no time axis (no time-dependent variable): write its "
@@ -510,6 +511,13 @@ class NetCDFWriter:
                 )
             try:
                 array = np.asarray(value)
+                if np.ma.isMaskedArray(value) and np.ma.getmask(value) is not np.ma.nomask:
+                    # np.asarray drops the mask: its cells were stored as whatever lay under
+                    # it (1e20, a netCDF fill value); they are missing values, stored NaN
+                    kind = array.dtype.kind
+                    floats = array.dtype if kind == "f" else np.float64
+                    if kind in "biuf":
+                        array = np.ma.filled(np.ma.asarray(value).astype(floats), np.nan)
             except Exception as e:
                 raise ValueError(f"field {name!r} is not an array: {e}") from None
             if array.dtype.kind not in "biuf":  # bool, integers, floats
