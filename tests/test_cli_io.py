@@ -1938,3 +1938,30 @@ def test_masked_cells_of_a_masked_array_are_stored_as_nan(tmp_path):
     with xr.open_dataset(w.path) as ds:
         assert np.isnan(ds.b.values[land]).all() and (ds.b.values[~land] == 1).all()
         assert (ds.h.values[1] == 1).all()
+
+
+def test_reopen_refuses_a_grid_other_than_the_files(tmp_path):
+    """NetCDFWriter.reopen compared only the grid's shape with the file's: a grid of another
+    extent or origin, other boundaries or another precision went on appending frames under
+    the file's coordinates and boundary attributes (float64 values stored as float32). It
+    now refuses them before writing anything; the file's own grid still resumes."""
+    from physjax.grids import Grid
+    from physjax.io import Variable, read_attrs
+
+    variables = [Variable("h", ("centre", "centre"), "m", "h")]
+    g = Grid((4, 6), (1.0, 2.0), periodic=(False, True), dtype="float64")
+    w = NetCDFWriter(tmp_path / "r.h5", g, variables)
+    w.append(0.0, 0, {"h": np.ones(g.shape)})
+    w.finish()
+    others = [
+        (Grid((4, 6), (100.0, 2.0), periodic=(False, True), dtype="float64"), "y cell centres"),
+        (Grid((4, 6), (1.0, 2.0), (False, True), (0.0, 5.0), "float64"), "x cell centres"),
+        (Grid((4, 6), (1.0, 2.0), periodic=True, dtype="float64"), "y axis of .* is wall"),
+        (Grid((4, 6), (1.0, 2.0), periodic=(False, True), dtype="float32"), "stored as float64"),
+    ]
+    for other, message in others:
+        with pytest.raises(ValueError, match=f"cannot resume: .*{message}"):
+            NetCDFWriter.reopen(w.path, other, variables)
+    assert read_attrs(w.path)["status"] == "complete"
+    again = NetCDFWriter.reopen(w.path, g, variables)
+    assert again.append(1.0, 1, {"h": np.zeros(g.shape)}) == 2

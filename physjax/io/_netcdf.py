@@ -589,6 +589,8 @@ class NetCDFWriter:
         history: str | None = None,
     ):
         """A writer that appends to an existing file (for ``--resume``); marks it running.
+        The file must hold `variables` on `grid`: its shape, cell centres (extent, origin),
+        boundaries and dtype; otherwise a ``ValueError`` is raised and nothing is written.
         `history`, if given, is added as a dated line to the file's ``history`` attribute."""
         path = os.fspath(path)
         if not os.path.isfile(path):
@@ -622,6 +624,25 @@ def _check_appendable(f: h5netcdf.File, path: str, grid: Grid, variables) -> Non
         raise ValueError(
             f"cannot resume: {path!r} holds a grid of {have}, not the {want} asked for"
         )
+    for name, periodic in zip(grid.axis_names, grid.periodic):
+        # the shape alone let frames of another box (spacing, origin) or other boundaries
+        # be appended under the file's coordinates
+        stored = np.asarray(f.variables[name][...], dtype=float) if name in f.variables else None
+        want = grid.coordinates(name, "centre")
+        span = float(np.max(np.abs(want))) or 1.0
+        if stored is None or not np.allclose(stored, want, rtol=0, atol=1e-9 * span):
+            shown = "none" if stored is None else f"{stored[0]:g} … {stored[-1]:g}"
+            raise ValueError(
+                f"cannot resume: the {name} cell centres of {path!r} are {shown}, those of "
+                f"the grid asked for {want[0]:g} … {want[-1]:g} (its extent or origin differs)"
+            )
+        boundary = _decode(f.variables[name].attrs.get("boundary"))
+        asked = "periodic" if periodic else "wall"
+        if boundary in ("periodic", "wall") and boundary != asked:
+            raise ValueError(
+                f"cannot resume: the {name} axis of {path!r} is {boundary}, the grid asked "
+                f"for has it {asked}"
+            )
     missing = [v.name for v in variables if v.name not in f.variables]
     if missing:
         raise ValueError(f"cannot resume: {path!r} has no variable(s) {missing}")
@@ -632,6 +653,12 @@ def _check_appendable(f: h5netcdf.File, path: str, grid: Grid, variables) -> Non
             raise ValueError(
                 f"cannot resume: {v.name!r} in {path!r} lies on {have}, not on {want} (its "
                 "location or time dependence differs)"
+            )
+        stored = np.dtype(f.variables[v.name].dtype)
+        if stored != np.dtype(grid.dtype):
+            raise ValueError(
+                f"cannot resume: {v.name!r} in {path!r} is stored as {stored.name}, the grid "
+                f"asked for is {np.dtype(grid.dtype).name}"
             )
 
 
