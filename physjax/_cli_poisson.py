@@ -259,7 +259,15 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
         try:
             return _read_field(spec, frame, option, strict)
         except (OSError, RuntimeError) as e:  # HDF5's, reading the variable
-            raise ValueError(f"--{option}: cannot read {spec}: {e}") from None
+            lacking = any(w in str(e).lower() for w in ("filter", "plugin"))
+            hint = (
+                " (it is compressed with an HDF5 filter this installation lacks: set "
+                "HDF5_PLUGIN_PATH to a folder holding the filter's plugin, or store the "
+                "variable uncompressed or with zlib)"
+            )
+            raise ValueError(
+                f"--{option}: cannot read {spec}: {e}{hint if lacking else ''}"
+            ) from None
 
     return read_retrying(spec.rsplit(":", 1)[0], read, prefix=f"--{option}: ")
 

@@ -1436,3 +1436,34 @@ def test_bad_input_exits_2_where_stderr_cannot_be_written(tmp_path, monkeypatch,
     assert main(["poisson", "--rhs", f"{tmp_path / 'none.h5'}:f", "--output", str(out)]) == 2
     assert not out.exists()
     assert capsys.readouterr().out == ""
+
+
+def test_a_variable_compressed_with_a_missing_filter_is_refused_at_once(tmp_path, capsys):
+    """A variable compressed with an HDF5 filter the installation lacks (zstd or blosc
+    through a plugin not installed) fails every read with HDF5's "can't synchronously read
+    data", which read_retrying took for a file a run was extending: the command waited 5 s
+    and then called the file damaged. It is now refused at once (exit 2), naming the
+    missing filter's remedy."""
+    from physjax.io import read_retrying
+
+    src = tmp_path / "zstd.h5"
+    with h5py.File(src, "w") as f:
+        d = f.create_dataset(
+            "f", (8, 8), "f8", chunks=(8, 8), compression=32015, allow_unknown_filter=True
+        )
+        d.id.write_direct_chunk((0, 0), np.zeros((8, 8)).tobytes())
+    start = time.monotonic()
+    code, out = _poisson(tmp_path, "--rhs", f"{src}:f", "--bc", "periodic")
+    assert code == 2 and not out.exists()
+    assert time.monotonic() - start < 3  # not 5 s of tries
+    err = capsys.readouterr().err
+    assert "HDF5 filter this installation lacks" in err and "damaged" not in err
+
+    def read():
+        with h5py.File(src, "r") as f:
+            return f["f"][...]
+
+    start = time.monotonic()
+    with pytest.raises(OSError):  # raised at once, unchanged
+        read_retrying(src, read)
+    assert time.monotonic() - start < 1

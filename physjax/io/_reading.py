@@ -45,6 +45,10 @@ _CHANGING = (
     "can't synchronously read attribute",
 )
 
+#: Words of HDF5 messages that no wait mends, though they come as a failed read: a variable
+#: compressed with a filter this HDF5 lacks (zstd, blosc: an hdf5plugin not installed).
+_LASTING = ("filter", "plugin")
+
 
 def hidden_beside(path: str, suffix: str) -> str:
     """The hidden file ``.NAME<suffix>`` beside ``path`` (a lock, a temporary file). Where
@@ -89,7 +93,7 @@ def transient_error(e: BaseException) -> tuple[str, BaseException] | None:
                 or any(w in text for w in _LOCKED)
             ):
                 found = "locked", e
-            elif any(w in text for w in _CHANGING):
+            elif any(w in text for w in _CHANGING) and not any(w in text for w in _LASTING):
                 found = "changing", e
         e = e.__cause__ or e.__context__
         seen += 1
