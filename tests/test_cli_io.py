@@ -1965,3 +1965,27 @@ def test_reopen_refuses_a_grid_other_than_the_files(tmp_path):
     assert read_attrs(w.path)["status"] == "complete"
     again = NetCDFWriter.reopen(w.path, g, variables)
     assert again.append(1.0, 1, {"h": np.zeros(g.shape)}) == 2
+
+
+def test_finish_refuses_a_time_independent_variable_never_written(tmp_path):
+    """A time-independent variable (Variable(..., time_dependent=False)) never given to
+    write_static was marked complete all the same and read back as zeros (HDF5's fill),
+    a flat bottom or a zero field like any other. finish() now refuses to mark such a file
+    complete, naming the variable; a failed or interrupted run is still recorded as such."""
+    from physjax.grids import Grid
+    from physjax.io import Variable, read_attrs
+
+    g = Grid((4, 6), (1.0, 1.0), dtype="float64")
+    centre = ("centre", "centre")
+    variables = [Variable("h", centre, "m", "h"), Variable("b", centre, "m", "bottom", False)]
+    w = NetCDFWriter(tmp_path / "s.h5", g, variables)
+    w.append(0.0, 0, {"h": np.ones(g.shape)})
+    with pytest.raises(ValueError, match=r"variable\(s\) \['b'\] of .* were never written"):
+        w.finish()
+    assert read_attrs(w.path)["status"] == "running"
+    w.write_static({"b": np.zeros(g.shape)})  # zeros written are data
+    w.finish()
+    assert read_attrs(w.path)["status"] == "complete"
+    failed = NetCDFWriter(tmp_path / "f.h5", g, variables)
+    failed.finish("failed: NaN at step 0")
+    assert read_attrs(failed.path)["status"] == "failed: NaN at step 0"

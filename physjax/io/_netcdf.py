@@ -562,9 +562,22 @@ class NetCDFWriter:
         """Mark the file ``complete`` (or another status, e.g. ``"failed: …"``); a trailing
         incomplete frame is dropped. `attrs` are stored as global attributes, except the
         writer's own (``n_frames``, ``physjax_version``, ``Conventions``, ``parameter_*``),
-        refused with a ``ValueError`` before anything is written."""
+        refused with a ``ValueError`` before anything is written. So is a ``complete`` file
+        with a time-independent variable never written by `write_static` (HDF5 would read
+        it as zeros, a field like any other)."""
         _refuse_writer_attrs(attrs, "finish")
         with self._open() as f:
+            if status == STATUS_COMPLETE:
+                unwritten = [
+                    n
+                    for n, v in self.variables.items()
+                    if not v.time_dependent and f[n]._h5ds.id.get_storage_size() == 0
+                ]
+                if unwritten:
+                    raise ValueError(
+                        f"finish: the time-independent variable(s) {unwritten} of "
+                        f"{self.path!r} were never written; give them to write_static first"
+                    )
             _drop_incomplete_frame(f)
             f.attrs["status"] = status
             for key, value in attrs.items():
