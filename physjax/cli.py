@@ -503,18 +503,14 @@ class _StopRequest:
         # `_unraisable` keeps that from printing a traceback.
         self.requested = True
         name = signal.Signals(signum).name
-        print(f"\nterminated ({name}): stopping now", file=sys.stderr, flush=True)
+        _note(f"\nterminated ({name}): stopping now")
         raise KeyboardInterrupt
 
     def _handle(self, signum, frame):
         if self.requested:
             raise KeyboardInterrupt
         self.requested = True
-        print(
-            "\nstopping after the frame in hand (Ctrl-C again to stop at once)",
-            file=sys.stderr,
-            flush=True,
-        )
+        _note("\nstopping after the frame in hand (Ctrl-C again to stop at once)")
 
     def _unraisable(self, args):
         # The KeyboardInterrupt of a stop that Python could not raise (it landed in a
@@ -1171,7 +1167,7 @@ def _run_shallow_water(
                 )
             writer = NetCDFWriter.reopen(output, grid, variables, history=history)
             if relayout is not None or reversion is not None:
-                print(f"physjax: {output}: {history}", file=sys.stderr)
+                _note(f"physjax: {output}: {history}")
             frames_before = read_attrs(output)["n_frames"]
         else:
             # Frame 0 before the file: its first compile takes a moment, where a SIGTERM or
@@ -1179,7 +1175,7 @@ def _run_shallow_water(
             first = fields_of(state)
             bottom = np.zeros(grid.shape) if model.bottom is None else to_numpy(model.bottom)
             if replacing:
-                print(replacing, file=sys.stderr)
+                _note(replacing)
             writer = NetCDFWriter(
                 output,
                 grid,
@@ -1491,7 +1487,7 @@ class _Interrupts:
     def _interrupt(self, signum, frame):
         if signum in _TERMINATING and self._signum != signum:
             name = signal.Signals(signum).name
-            print(f"\nterminated ({name}): stopping now", file=sys.stderr, flush=True)
+            _note(f"\nterminated ({name}): stopping now")
         self._signum = signum
         raise KeyboardInterrupt
 

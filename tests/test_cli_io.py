@@ -1989,3 +1989,22 @@ def test_finish_refuses_a_time_independent_variable_never_written(tmp_path):
     failed = NetCDFWriter(tmp_path / "f.h5", g, variables)
     failed.finish("failed: NaN at step 0")
     assert read_attrs(failed.path)["status"] == "failed: NaN at step 0"
+
+
+@pytest.mark.parametrize("stderr", [_FullLog(), None], ids=["full-log", "closed-stderr"])
+def test_a_replacing_note_that_cannot_be_written_does_not_stop_the_run(
+    tmp_path, monkeypatch, capsys, stderr
+):
+    """A run over an earlier finished run says on stderr that it replaces it; where that
+    could not be written (a log on a full disk) the run stopped there with an OSError
+    traceback, the earlier run's file left as it was and no new one, and with stderr closed
+    (2>&-) the note went to stdout. It is now dropped, as the progress bar is."""
+    out = tmp_path / "again.h5"
+    args = ["shallow-water", "--case", "gravity-wave", "--n", "16", "--t-end", "3600"]
+    assert main([*args, "--output", str(out)]) == 0
+    capsys.readouterr()
+    monkeypatch.setattr(sys, "stderr", stderr)
+    assert main([*args, "--save-every", "1", "--output", str(out)]) == 0
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "complete" and f.attrs["n_frames"] == 7  # the new run's
+    assert capsys.readouterr().out.startswith("wrote 7 frames")  # the closing line alone
