@@ -13,6 +13,7 @@ import contextlib
 import math
 import os
 import re
+import sys
 import time
 from typing import Any
 
@@ -480,6 +481,13 @@ def _note(text: str) -> None:
     from .cli import _note
 
     _note(text)
+
+
+def _report(text: str, out) -> None:
+    """The closing line, dropped where stdout cannot take it (``physjax.cli._report``)."""
+    from .cli import _report
+
+    _report(text, out)
 
 
 def _note_other_boundaries(field: dict, bc, names) -> None:
@@ -1102,5 +1110,5 @@ def _run(args, held: contextlib.ExitStack) -> int:
             f"residual {rel_residual:.2e} > rtol {solver.rtol:.0e}); wrote {where}, marked failed"
         )
         return 1
-    print(f"{what}; wrote {where}")
+    _report(f"{what}; wrote {where}", sys.stdout)  # dropped where stdout is full
     return 0

@@ -1387,7 +1387,7 @@ def _cmd_plot(args) -> int:
     out = args.output if given else os.path.splitext(args.file)[0] + ".png"
     _check_plot_path(out, "--output" if given else "the default output", args.file, "input")
     _write_plot(args.file, out, "--output", frame=args.frame, names=names)
-    print(f"wrote {out}")
+    _report(f"wrote {out}", sys.stdout)
     return 0
 
 

@@ -1467,3 +1467,30 @@ def test_a_variable_compressed_with_a_missing_filter_is_refused_at_once(tmp_path
     with pytest.raises(OSError):  # raised at once, unchanged
         read_retrying(src, read)
     assert time.monotonic() - start < 1
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs Linux's /dev/full")
+def test_a_finished_solve_whose_log_is_full_exits_0(tmp_path):
+    """A batch job logging to a full disk: the solve's file was complete, but its closing
+    line ('poisson spectral: … wrote …') failed with an OSError traceback and exit status 1,
+    so the job was reported failed (as `physjax plot`'s 'wrote …' line did). The line is
+    now dropped, as the shallow-water command's is, and the command exits 0."""
+    out, png = tmp_path / "full.h5", tmp_path / "full.png"
+    runs = [
+        ["poisson", "--n", "16", "--output", str(out)],
+        ["plot", str(out), "--output", str(png)],
+    ]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    for args in runs:
+        with open("/dev/full", "w") as full:
+            res = subprocess.run(
+                [sys.executable, "-m", "physjax", *args],
+                stdout=full,
+                stderr=full,
+                timeout=120,
+                env=env,
+            )
+        assert res.returncode == 0, args[0]
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "complete"
+    assert png.stat().st_size > 0
