@@ -88,3 +88,23 @@ def compilations():
             logger.removeHandler(handler)
 
     return collect
+
+
+class _FullLog:
+    """A stderr that refuses every write, as a log on a full disk or over its quota does."""
+
+    def write(self, text):
+        raise OSError(28, "No space left on device")
+
+    def flush(self):
+        raise OSError(28, "No space left on device")
+
+    def isatty(self):
+        return False
+
+
+@pytest.fixture(params=["full-log", "closed-stderr"])
+def unwritable_stderr(request):
+    """A stderr the command cannot write to, to set as ``sys.stderr``: one refusing every
+    write (a log on a full disk, ENOSPC) or none at all (``2>&-``)."""
+    return _FullLog() if request.param == "full-log" else None

@@ -1656,25 +1656,13 @@ def test_progress_in_a_log_is_drawn_every_half_minute(tmp_path, capsys, monkeypa
     assert err.count("\r") <= 3, err.count("\r")
 
 
-class _FullLog:
-    """A stderr that refuses every write, as a log on a full disk or over its quota does."""
-
-    def write(self, text):
-        raise OSError(28, "No space left on device")
-
-    def flush(self):
-        raise OSError(28, "No space left on device")
-
-    def isatty(self):
-        return False
-
-
-@pytest.mark.parametrize("stderr", [_FullLog(), None], ids=["full-log", "closed-stderr"])
-def test_a_progress_bar_that_cannot_be_written_does_not_stop_the_run(tmp_path, monkeypatch, stderr):
+def test_a_progress_bar_that_cannot_be_written_does_not_stop_the_run(
+    tmp_path, monkeypatch, unwritable_stderr
+):
     """The progress bar is written to stderr; where that failed (a log on a full disk,
     ENOSPC; stderr closed, None) the run stopped with an OSError or AttributeError, its file
     left 'running' with frame 0 alone. The bar now goes quiet and the run ends complete."""
-    monkeypatch.setattr(sys, "stderr", stderr)
+    monkeypatch.setattr(sys, "stderr", unwritable_stderr)
     out = tmp_path / "bar.h5"
     args = ["--case", "gravity-wave", "--n", "16", "--t-end", "7200", "--save-every", "10"]
     assert main(["shallow-water", *args, "--output", str(out)]) == 0
@@ -1991,9 +1979,8 @@ def test_finish_refuses_a_time_independent_variable_never_written(tmp_path):
     assert read_attrs(failed.path)["status"] == "failed: NaN at step 0"
 
 
-@pytest.mark.parametrize("stderr", [_FullLog(), None], ids=["full-log", "closed-stderr"])
 def test_a_replacing_note_that_cannot_be_written_does_not_stop_the_run(
-    tmp_path, monkeypatch, capsys, stderr
+    tmp_path, monkeypatch, capsys, unwritable_stderr
 ):
     """A run over an earlier finished run says on stderr that it replaces it; where that
     could not be written (a log on a full disk) the run stopped there with an OSError
@@ -2003,7 +1990,7 @@ def test_a_replacing_note_that_cannot_be_written_does_not_stop_the_run(
     args = ["shallow-water", "--case", "gravity-wave", "--n", "16", "--t-end", "3600"]
     assert main([*args, "--output", str(out)]) == 0
     capsys.readouterr()
-    monkeypatch.setattr(sys, "stderr", stderr)
+    monkeypatch.setattr(sys, "stderr", unwritable_stderr)
     assert main([*args, "--save-every", "1", "--output", str(out)]) == 0
     with h5py.File(out, "r") as f:
         assert f.attrs["status"] == "complete" and f.attrs["n_frames"] == 7  # the new run's

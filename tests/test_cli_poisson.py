@@ -1384,21 +1384,9 @@ def test_check_takes_a_float32_fields_round_off_mean(tmp_path, capsys):
     assert code == 2 and "needs ∫f = 0" in capsys.readouterr().err
 
 
-class _FullLog:
-    """A stderr that refuses every write, as a log on a full disk or over its quota does."""
-
-    def write(self, text):
-        raise OSError(28, "No space left on device")
-
-    def flush(self):
-        raise OSError(28, "No space left on device")
-
-    def isatty(self):
-        return False
-
-
-@pytest.mark.parametrize("stderr", [_FullLog(), None], ids=["full-log", "closed-stderr"])
-def test_notes_that_cannot_be_written_do_not_stop_the_solve(tmp_path, monkeypatch, capsys, stderr):
+def test_notes_that_cannot_be_written_do_not_stop_the_solve(
+    tmp_path, monkeypatch, capsys, unwritable_stderr
+):
     """The header, the notes (a dimension taken by position, a file replaced) and the line
     of a solve that did not converge go to stderr; where it could not be written (a log on
     a full disk, ENOSPC) the command stopped with an OSError traceback and no file, and
@@ -1410,7 +1398,7 @@ def test_notes_that_cannot_be_written_do_not_stop_the_solve(tmp_path, monkeypatc
     xr.Dataset({"f": (("row", "x"), f)}).to_netcdf(src, engine="h5netcdf")
     out = tmp_path / "p.h5"
     out.write_bytes(b"old")  # replaced: a note
-    monkeypatch.setattr(sys, "stderr", stderr)
+    monkeypatch.setattr(sys, "stderr", unwritable_stderr)
     args = ["poisson", "--rhs", f"{src}:f", "--overwrite", "--output", str(out)]
     assert main([*args, "--bc", "periodic"]) == 0
     with h5py.File(out, "r") as h:
@@ -1423,14 +1411,15 @@ def test_notes_that_cannot_be_written_do_not_stop_the_solve(tmp_path, monkeypatc
     assert len(printed) == 1 and printed[0].startswith("poisson spectral:")
 
 
-@pytest.mark.parametrize("stderr", [_FullLog(), None], ids=["full-log", "closed-stderr"])
-def test_bad_input_exits_2_where_stderr_cannot_be_written(tmp_path, monkeypatch, capsys, stderr):
+def test_bad_input_exits_2_where_stderr_cannot_be_written(
+    tmp_path, monkeypatch, capsys, unwritable_stderr
+):
     """A bad input's one-line message goes to stderr with exit status 2; where stderr could
     not be written (a log on a full disk) writing the message raised an OSError from the
     command, a traceback and status 1 (a job's script taking it for a failed run, not a
     refused input), and with stderr closed (``2>&-``) the message went to stdout. The
     message is now dropped and the status stays 2."""
-    monkeypatch.setattr(sys, "stderr", stderr)
+    monkeypatch.setattr(sys, "stderr", unwritable_stderr)
     out = tmp_path / "p.h5"
     assert main(["poisson", "--n", "-3", "--output", str(out)]) == 2
     assert main(["poisson", "--rhs", f"{tmp_path / 'none.h5'}:f", "--output", str(out)]) == 2

@@ -386,15 +386,21 @@ print(json.dumps(sorted(json.load(open("sw.json")))))
 """
 
 
-def _run_sw_benchmark(cwd, *argv):
-    script = str(ROOT / "benchmarks" / "shallow_water.py")
+def _run_snippet(code, cwd, *argv):
+    """Run ``python -c code *argv`` in ``cwd`` (the benchmarks' own allocator setting off)."""
     return subprocess.run(
-        [sys.executable, "-c", _SW_BENCHMARK_OUTPUT, script, *argv],
+        [sys.executable, "-c", code, *argv],
         cwd=cwd,
         env=dict(os.environ, PHYSJAX_NO_ALLOCATOR_TUNING="1"),
         capture_output=True,
         text=True,
         timeout=300,
+    )
+
+
+def _run_sw_benchmark(cwd, *argv):
+    return _run_snippet(
+        _SW_BENCHMARK_OUTPUT, cwd, str(ROOT / "benchmarks" / "shallow_water.py"), *argv
     )
 
 
@@ -448,18 +454,8 @@ def test_padded_carry_benchmark_makes_its_output_folder_before_measuring(tmp_pat
     """``benchmarks/sw_padded_carry.py --output new/carry.json`` wrote its JSON with a bare
     ``open`` after every size was measured, so a folder that did not exist yet lost the
     whole run; the folder is made first now, as the other benchmarks make theirs."""
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _CARRY_BENCHMARK_FOLDER,
-            str(ROOT / "benchmarks" / "sw_padded_carry.py"),
-        ],
-        cwd=tmp_path,
-        env=dict(os.environ, PHYSJAX_NO_ALLOCATOR_TUNING="1"),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = _run_snippet(
+        _CARRY_BENCHMARK_FOLDER, tmp_path, str(ROOT / "benchmarks" / "sw_padded_carry.py")
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "folder made before measuring: True" in done.stdout
@@ -558,19 +554,8 @@ def test_ab_benchmark_counts_no_strips_as_a_plain_step(tmp_path):
     cache.mkdir(parents=True)
     for name, text in (("type", "Unified"), ("level", "3"), ("size", "4K")):
         (cache / name).write_text(text + "\n")
-    done = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            _AB_FUSIONS,
-            str(ROOT / "benchmarks" / "shallow_water_ab.py"),
-            str(cache.parent),
-        ],
-        cwd=tmp_path,
-        env=dict(os.environ, PHYSJAX_NO_ALLOCATOR_TUNING="1"),
-        capture_output=True,
-        text=True,
-        timeout=300,
+    done = _run_snippet(
+        _AB_FUSIONS, tmp_path, str(ROOT / "benchmarks" / "shallow_water_ab.py"), str(cache.parent)
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = {line.split()[0]: line for line in done.stdout.splitlines() if "best" in line}
