@@ -1044,6 +1044,15 @@ def _run_shallow_water(
             _check_step_count(ratio, f"--cfl {cfl:g}", t_end, hint)
         n_steps = max(1, math.ceil(ratio))
         dt = t_end / n_steps
+    tiny = float(np.finfo(np.dtype(grid.dtype)).tiny)
+    if dt < tiny:  # rounds to 0 (or a subnormal, flushed to 0) in the run's precision
+        given = "--dt" if dt_requested is not None else "--t-end"
+        raise ValueError(
+            f"{given} {dt_requested if dt_requested is not None else t_end:g} s gives a step "
+            f"of {dt:.3g} s, below the smallest normal {np.dtype(grid.dtype).name} number "
+            f"({tiny:.3g}): the run would not advance; lengthen it"
+            + (" or use --precision float64" if np.dtype(grid.dtype).itemsize < 8 else "")
+        )
     if resume and settings.get("n_steps") is not None:
         # The step and step count the run began with, exactly as stored: files written before
         # a --dt was lowered to land on --t-end ran ceil(t_end / dt) steps of the dt given.

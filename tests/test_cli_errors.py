@@ -1038,3 +1038,32 @@ def test_plot_of_a_long_or_bare_png_name_is_written_under_that_name(tmp_path):
         assert main(["plot", str(run), "--output", str(png)]) == 0
         assert png.read_bytes().startswith(b"\x89PNG")
     assert sorted(os.listdir(tmp_path)) == sorted([".png", long.name, "w.h5"])
+
+
+_TINY = "the run would not advance; lengthen it"
+
+
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (
+            ["--t-end", "1e-300"],  # float32, the default
+            "--t-end 1e-300 s gives a step of 1e-300 s, below the smallest normal float32 "
+            f"number (1.18e-38): {_TINY} or use --precision float64",
+        ),
+        (
+            ["--t-end", "1e-309", "--dt", "1e-310", "--precision", "float64"],
+            "--dt 1e-310 s gives a step of 1e-310 s, below the smallest normal float64 "
+            f"number (2.23e-308): {_TINY}",
+        ),
+    ],
+)
+def test_a_step_below_the_precisions_smallest_number_is_refused(tmp_path, capsys, extra, match):
+    """A float32 run to --t-end 1e-300 took one step of dt = 0 (1e-300 rounds to zero; a
+    subnormal step is flushed to zero) and reported success with the state unchanged; such
+    a step is now refused by name, before anything is written."""
+    out = tmp_path / "tiny.h5"
+    args = ["shallow-water", "--case", "gravity-wave", "--n", "16", "--quiet"]
+    code, err = _error(capsys, [*args, *extra, "--output", str(out)])
+    assert code == 2 and err == f"physjax shallow-water: error: {match}\n", err
+    assert not out.exists()
