@@ -1995,3 +1995,27 @@ def test_a_replacing_note_that_cannot_be_written_does_not_stop_the_run(
     with h5py.File(out, "r") as f:
         assert f.attrs["status"] == "complete" and f.attrs["n_frames"] == 7  # the new run's
     assert capsys.readouterr().out.startswith("wrote 7 frames")  # the closing line alone
+
+
+def test_append_refuses_a_frame_that_does_not_go_forward(tmp_path):
+    """append() accepted a frame at an earlier (or the same) time or step than the last
+    one: the file's time axis then went backwards, and xarray's selection by time
+    (``ds.sel(time=...)``) failed on the non-monotonic index. It is refused now, naming
+    the last frame, with nothing written; finish() refuses a status that is not text."""
+    from physjax.grids import Grid
+    from physjax.io import Variable, read_attrs
+
+    g = Grid((4, 6), (1.0, 1.0), dtype="float64")
+    w = NetCDFWriter(tmp_path / "b.h5", g, [Variable("h", ("centre", "centre"), "m", "h")])
+    assert w.append(5.0, 5, {"h": np.ones(g.shape)}) == 1
+    for t, step in [(1.0, 1), (5.0, 5), (6.0, 5), (5.0, 6)]:
+        with pytest.raises(ValueError, match=r"frame 1 must come after .*t = 5 s, step 5"):
+            w.append(t, step, {"h": np.zeros(g.shape)})
+    assert w.frames() == (1, 5)
+    assert w.append(6.0, 6, {"h": np.zeros(g.shape)}) == 2
+    with pytest.raises(ValueError, match="status must be a non-empty string, got 5"):
+        w.finish(status=5)
+    assert read_attrs(w.path)["status"] == "running"
+    w.finish()
+    with xr.open_dataset(w.path) as ds:
+        assert ds.sel(time=6.0)["h"].values.sum() == 0

@@ -461,8 +461,9 @@ class NetCDFWriter:
         an incomplete frame left by an earlier, interrupted append is overwritten. Every
         field is checked first (a time-dependent variable of the writer's, real and numeric,
         of the grid's shape, with no finite value beyond the range of the file's dtype, which
-        would be stored as inf), as are ``time`` (finite) and ``step`` (a whole number ≥ 0):
-        a ``ValueError`` names the first that fails, and nothing is written. The masked
+        would be stored as inf), as are ``time`` (finite) and ``step`` (a whole number ≥ 0),
+        both beyond the last frame's: a ``ValueError`` names the first that fails, and
+        nothing is written. The masked
         cells of a NumPy masked array (a land mask) are stored as NaN."""
         if not any(v.time_dependent for v in self.variables.values()):
             raise ValueError(
@@ -485,6 +486,14 @@ class NetCDFWriter:
         _require_space(self.path, self._frame_bytes(), "a frame")
         with self._open() as f:
             n = _complete_frames(f)
+            if n:  # a time axis that goes back (or stands still) breaks readers' selection
+                last_time, last_step = float(f["time"][n - 1]), int(f["step"][n - 1])
+                if not (float(time) > last_time and int(step) > last_step):
+                    raise ValueError(
+                        f"frames go forward: frame {n} must come after the last one "
+                        f"(t = {last_time:g} s, step {last_step}), got t = {float(time):g} "
+                        f"s, step {int(step)}"
+                    )
             f.resize_dimension("time", n + 1)
             f["time"][n] = float(time)
             f["step"][n] = int(step)
@@ -566,6 +575,8 @@ class NetCDFWriter:
         with a time-independent variable never written by `write_static` (HDF5 would read
         it as zeros, a field like any other)."""
         _refuse_writer_attrs(attrs, "finish")
+        if not isinstance(status, str) or not status:
+            raise ValueError(f"finish: status must be a non-empty string, got {status!r}")
         with self._open() as f:
             if status == STATUS_COMPLETE:
                 unwritten = [
