@@ -778,3 +778,30 @@ def test_3d_stencils_sharded_equal_one_device_batched_and_differentiated(layout)
     one = loss(lambda a: batched(g, a))(f)
     many = jax.jit(loss(shard_map_fields(batched, g, mesh)))(shard(f, g, mesh))
     assert float(jnp.abs(many - one).max()) <= 1e-12 * float(jnp.abs(one).max())
+
+
+@pytest.mark.multidevice
+def test_a_mesh_of_explicit_axes_is_refused_by_name():
+    """jax.make_mesh's default mesh (Explicit axes) stopped shard_map_fields with jax's
+    "in_specs ... does not match the specs of the input", a sharded input (and a solver's
+    run) with "slicing on sharded dims ... is not implemented"; it is now refused, naming
+    axis_types, before anything compiles. Auto axes from jax.make_mesh work as ours do."""
+    from jax.sharding import AxisType
+
+    from physjax.parallel import error_if
+
+    assert jax.device_count() >= 4, "needs 4 (simulated) devices: see tests/conftest.py"
+    g = Grid((8, 12), (1.0, 2.0), periodic=(False, True), dtype="float64")
+    f = jnp.asarray(np.random.default_rng(0).normal(size=g.shape))
+    explicit = jax.make_mesh((2, 2), ("y", "x"), axis_types=(AxisType.Explicit,) * 2)
+    match = r"axis_types \('Explicit', 'Explicit'\); .* physjax.parallel.make_mesh\(n, ndim=2\)"
+    for call in (
+        lambda: shard_map_fields(_laplacian_of, g, explicit)(f, 1.0),
+        lambda: shard(f, g, explicit),
+        lambda: error_if(f, False, "boom", g, explicit),
+    ):
+        with pytest.raises(ValueError, match=match):
+            call()
+    auto = jax.make_mesh((2, 2), ("y", "x"), axis_types=(AxisType.Auto,) * 2)
+    out = shard_map_fields(_laplacian_of, g, auto)(f, 1.0)
+    np.testing.assert_allclose(out, _laplacian_of(g, f, 1.0), rtol=0, atol=1e-9)

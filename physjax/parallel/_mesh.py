@@ -124,6 +124,16 @@ def field_spec(grid: Grid, mesh: Mesh, batch_dims: int = 0) -> PartitionSpec:
 def decompose(grid: Grid, mesh: Mesh) -> Grid:
     """The grid as seen from one device of ``mesh``; raises if the mesh does not divide it."""
     _check_mesh_axes(grid, mesh)
+    # jax.make_mesh's default (Explicit axes) failed later inside shard_map or a stencil's
+    # slice with jax's sharding-in-types messages: the halo exchange needs Auto axes
+    kinds = tuple(getattr(t, "name", str(t)) for t in getattr(mesh, "axis_types", ()))
+    if mesh.size > 1 and any(k != "Auto" for k in kinds):
+        raise ValueError(
+            f"mesh axes {tuple(mesh.axis_names)} have axis_types {kinds}; physjax splits "
+            "fields by shard_map over Auto axes: build the mesh with "
+            f"physjax.parallel.make_mesh(n, ndim={grid.ndim}), or jax.make_mesh(..., "
+            f"axis_types=(jax.sharding.AxisType.Auto,) * {grid.ndim})"
+        )
     return grid.on_mesh(grid.axis_names, tuple(mesh.shape[a] for a in grid.axis_names))
 
 
