@@ -805,3 +805,19 @@ def test_a_mesh_of_explicit_axes_is_refused_by_name():
     auto = jax.make_mesh((2, 2), ("y", "x"), axis_types=(AxisType.Auto,) * 2)
     out = shard_map_fields(_laplacian_of, g, auto)(f, 1.0)
     np.testing.assert_allclose(out, _laplacian_of(g, f, 1.0), rtol=0, atol=1e-9)
+
+
+def test_a_zero_dimensional_array_is_one_periodic_flag_or_parity():
+    """periodic=np.array(False) (one flag for every axis) and parity=np.array(-1) (one
+    parity for every axis) stopped with TypeError: iteration over a 0-d array."""
+    for flag in (np.array(False), jnp.array(False)):
+        assert Grid((4, 6), (1.0, 1.0), periodic=flag).periodic == (False, False)
+    assert Grid((4, 6), (1.0, 1.0), periodic=np.array(True)).periodic == (True, True)
+    g = Grid((4, 6), (1.0, 1.0), periodic=False, dtype="float64")
+    f = jnp.arange(24.0).reshape(4, 6)
+    for p in (np.array(-1), jnp.array(-1)):
+        np.testing.assert_array_equal(fill_halo(f, g, parity=p), fill_halo(f, g, parity=-1))
+    with pytest.raises(ValueError, match=r"parity must give \+1 or -1 .* got array\(2\)"):
+        fill_halo(f, g, parity=np.array(2))
+    with pytest.raises(ValueError, match="periodic must be a sequence"):
+        Grid((4, 6), (1.0, 1.0), periodic=np.array(2))

@@ -173,6 +173,14 @@ class Grid(eqx.Module):
                 raise ValueError(
                     f"domain length L{name} must be a finite number > 0, got {length!r}"
                 )
+        # a 0-d array (np.array(False), jnp.array(False)) is one bool, as for extent's entries:
+        # it stopped with "iteration over a 0-d array"
+        if (
+            getattr(periodic, "ndim", None) == 0
+            and hasattr(periodic, "dtype")
+            and not isinstance(periodic, jax.core.Tracer)
+        ):
+            periodic = np.asarray(periodic).item()
         if isinstance(periodic, (bool, np.bool_)):
             periodic = (bool(periodic),) * ndim
         periodic = _as_tuple("periodic", periodic, f"True/False or {ndim} of them")

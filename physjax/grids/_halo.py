@@ -116,6 +116,14 @@ def fill_halo(
     if parity is None:
         parity = tuple(1 if s == "centre" else -1 for s in location)
     given = parity
+    # a 0-d array is one number, as a NumPy integer is: it stopped with "iteration over a
+    # 0-d array"
+    if (
+        getattr(parity, "ndim", None) == 0
+        and hasattr(parity, "dtype")
+        and not isinstance(parity, jax.core.Tracer)
+    ):
+        parity = np.asarray(parity).item()
     if isinstance(parity, (int, np.integer)) and not isinstance(parity, bool):
         parity = (parity,) * nd  # one parity for every axis
     if not hasattr(parity, "__iter__") or isinstance(parity, str):
