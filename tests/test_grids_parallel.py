@@ -821,3 +821,15 @@ def test_a_zero_dimensional_array_is_one_periodic_flag_or_parity():
         fill_halo(f, g, parity=np.array(2))
     with pytest.raises(ValueError, match="periodic must be a sequence"):
         Grid((4, 6), (1.0, 1.0), periodic=np.array(2))
+
+
+def test_a_split_without_a_mesh_axis_is_refused():
+    """on_mesh((None, "x"), (2, 2)) (y "not split" and split in two) was accepted with
+    blocks of half the rows whose y halo fill_halo then wrapped within the block: wrong
+    halos, no error. The same in the constructor, where mesh_axes defaults to None."""
+    g = Grid((8, 12), (1.0, 1.0))
+    with pytest.raises(ValueError, match=r"mesh_shape splits y 2 ways but mesh_axes names no"):
+        g.on_mesh((None, "x"), (2, 2))
+    with pytest.raises(ValueError, match=r"mesh_shape splits x 3 ways but mesh_axes names no"):
+        Grid((8, 12), (1.0, 1.0), mesh_shape=(1, 3))
+    assert g.on_mesh((None, "x"), (1, 2)).local_shape == (8, 6)

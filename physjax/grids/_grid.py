@@ -340,6 +340,15 @@ class Grid(eqx.Module):
     def _check_split(self) -> None:
         if any(m < 1 for m in self.mesh_shape):
             raise ValueError(f"mesh_shape must be positive block counts, got {self.mesh_shape}")
+        # a count without a mesh axis gave blocks whose halos wrapped (or mirrored) within
+        # each block, as no neighbour could be reached
+        for name, axis_name, m in zip(self.axis_names, self.mesh_axes, self.mesh_shape):
+            if axis_name is None and m > 1:
+                raise ValueError(
+                    f"mesh_shape splits {name} {m} ways but mesh_axes names no mesh axis for "
+                    f"it (None: not split): give the mesh axis it is split over, or 1 "
+                    f"(physjax.parallel.decompose(grid, mesh) gives both)"
+                )
         for name, n, m in zip(self.axis_names, self.shape, self.mesh_shape):
             if n % m != 0:
                 raise ValueError(
