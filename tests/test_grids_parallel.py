@@ -833,3 +833,15 @@ def test_a_split_without_a_mesh_axis_is_refused():
     with pytest.raises(ValueError, match=r"mesh_shape splits x 3 ways but mesh_axes names no"):
         Grid((8, 12), (1.0, 1.0), mesh_shape=(1, 3))
     assert g.on_mesh((None, "x"), (1, 2)).local_shape == (8, 6)
+
+
+def test_local_coordinates_of_a_float64_grid_need_x64():
+    """Without x64 a float64 grid's local_coordinates were float32 (jax truncated the
+    astype with no more than a warning), though documented in the grid's dtype."""
+    g = Grid((3, 4), (3.0, 4.0), dtype="float64")
+    assert g.local_coordinates("x", "face").dtype == jnp.float64
+    with pytest.raises(ValueError, match="grid.dtype is float64 but jax_enable_x64 is off"):
+        with jax.enable_x64(False):
+            g.local_coordinates("x", "face")
+    with jax.enable_x64(False):
+        assert Grid((3, 4), (3.0, 4.0)).local_coordinates("y").dtype == jnp.float32

@@ -417,9 +417,11 @@ class Grid(eqx.Module):
     ) -> jax.Array:
         """1-D coordinates of this device's block along an axis, in the grid's dtype.
 
-        Works alike outside ``shard_map`` (the whole grid) and inside it (one block).
+        Works alike outside ``shard_map`` (the whole grid) and inside it (one block). A
+        float64 grid needs ``jax_enable_x64``, as for [`physjax.grids.Grid.zeros`][].
         """
         check_location((stagger,), 1, "stagger")
+        require_enabled_dtype(self)  # jax made them float32 with no more than a warning
         a = self.axis(name)
         offset = 0.5 if stagger == "centre" else 0.0
         idx = self.local_index(a, padded).astype(self.dtype)
