@@ -1121,6 +1121,25 @@ def test_float64_data_beyond_a_float32_grids_range_is_refused(method):
     assert np.all(np.isfinite(np.asarray(wide(big))))
 
 
+def test_coefficient_and_shift_beyond_a_float32_grids_range_are_refused_by_name():
+    """A float64 coefficient or shift, finite and > 0, that a float32 grid cannot hold (1e39,
+    1e-50) was cast to Inf or 0 and refused as "must be finite and > 0, got min inf" (or
+    "min 0"), a value never given (`physjax poisson --precision float32 --shift 1e39` said
+    so too). They are now refused as outside the float32 range."""
+    grid = Grid((16, 16), (1.0, 1.0), periodic=False, dtype="float32")
+    outside = r"has \d+ value\(s\) outside the range of the grid's float32"
+    for a in (np.full((16, 16), 1e39), 1e-50):
+        with pytest.raises(ValueError, match=rf"^coefficient {outside}"):
+            PoissonSolver(grid, "dirichlet", "cg", coefficient=a)
+    for c in (1e39, 1e-50, np.full((16, 16), 1e39)):
+        method = "cg" if np.ndim(c) else "spectral"
+        with pytest.raises(ValueError, match=rf"^shift {outside}"):
+            PoissonSolver(grid, "dirichlet", method, shift=c)
+    # float32 holds these; a float64 grid holds the others
+    PoissonSolver(grid, "dirichlet", "cg", coefficient=1e30, shift=1e-30)
+    PoissonSolver(_grid((16, 16), False), "dirichlet", "cg", coefficient=1e39, shift=1e-50)
+
+
 def test_nan_in_a_numpy_f_is_refused_before_the_solve():
     """NaN/Inf in an f given as a NumPy array (or a list) of a problem with Dirichlet walls
     went to the compiled solve: spectral returned NaN without a word, multigrid and cg

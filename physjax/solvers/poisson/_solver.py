@@ -284,6 +284,7 @@ class PoissonSolver(eqx.Module):
                 )
             if isinstance(coefficient, (str, bytes)):
                 raise ValueError(f"coefficient must be real (and > 0), got {coefficient!r:.80}")
+            _check_positive_in_range(coefficient, "coefficient", grid.dtype)
             try:
                 given = jnp.asarray(coefficient)
             except (TypeError, ValueError) as err:  # ragged lists, objects
@@ -1043,6 +1044,35 @@ def _check_in_range(values: np.ndarray, name: str, dtype) -> None:
         )
 
 
+def _check_positive_in_range(value, name: str, dtype) -> None:
+    """Refuse a concrete ``coefficient`` or ``shift``, finite and > 0 as given, whose values
+    the grid's ``dtype`` cannot hold (float64 numbers on a float32 grid): the cast made them
+    Inf or 0, which were then refused as "must be finite and > 0, got min inf" (or "min 0"),
+    a value the caller never gave. Traced values are left to the solve's own check."""
+    if isinstance(value, jax.core.Tracer):
+        return
+    try:
+        values = np.asarray(value)
+    except (TypeError, ValueError):  # ragged lists, tracers in a list: refused by the caller
+        return
+    if values.dtype.kind != "f" or values.dtype.itemsize <= np.dtype(dtype).itemsize:
+        return
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        cast = values.astype(dtype)
+        given = np.isfinite(values) & (values > 0)
+        lost = given & ~(np.isfinite(cast) & (cast > 0))
+    if np.any(lost):
+        info = np.finfo(dtype)
+        held = values[given]
+        raise ValueError(
+            f"{name} has {int(np.sum(lost))} value(s) outside the range of the grid's "
+            f"{np.dtype(dtype).name} ({float(info.smallest_subnormal):.3g} to "
+            f"{float(info.max):.3g}; given from {float(held.min()):.3g} to "
+            f"{float(held.max()):.3g}), which the cast would make 0 or Inf; scale the "
+            "problem (other units) or use a float64 grid"
+        )
+
+
 def _check_finite_boundary_values(boundary_values, dtype) -> None:
     """Refuse NaN/Inf wall values given as numbers or NumPy arrays, by name (the spectral
     path would otherwise return NaN). JAX arrays are left to the solve, which reports them
@@ -1135,6 +1165,7 @@ def _check_shift(shift: Any, grid: Grid, method: str, mesh: Mesh | None) -> jax.
     if isinstance(shift, (str, bytes)) or jnp.iscomplexobj(shift):
         got = "a complex array" if jnp.iscomplexobj(shift) else repr(shift)
         raise ValueError(f"shift must be real (and > 0), got {got}")
+    _check_positive_in_range(shift, "shift", grid.dtype)
     try:
         shift = jnp.asarray(shift)
     except (TypeError, ValueError) as err:
