@@ -835,6 +835,31 @@ def _unresumable(e: BaseException) -> ValueError:
 _OPTION_PARAMETERS = {"nx": "--nx", "ny": "--ny", "precision": "--precision", "t_end": "--t-end"}
 
 
+def _check_parameter_names(params: dict, case_name: str) -> None:
+    """Refuse a ``--param`` (or ``[parameters]`` entry) that is a run setting, naming the
+    option to give instead, or that is not a parameter of the case, listing those it has."""
+    from .solvers.shallow_water import CASES
+
+    for key in params:  # a run setting, e.g. one a config file gives below [parameters]
+        if key in _OPTION_PARAMETERS or key in RUN_KEYS:
+            option = _OPTION_PARAMETERS.get(key) or (
+                "--no-cfl-check" if key.endswith("cfl_check") else f"--{key.replace('_', '-')}"
+            )
+            raise ValueError(
+                f"parameter {key} (--param, or the [parameters] table of --config): {key} is "
+                f"not a physical parameter here; set it with {option} (or {key} at the top of "
+                "a --config file, above [parameters])"
+            )
+    defaults = CASES[case_name].defaults
+    unknown = sorted(set(params) - set(defaults))
+    if unknown:
+        allowed = ", ".join(sorted(k for k in defaults if k not in _OPTION_PARAMETERS))
+        raise ValueError(
+            f"unknown parameter(s) {unknown} (--param, or the [parameters] table of "
+            f"--config) for case {case_name!r}; allowed: {allowed}"
+        )
+
+
 def run_shallow_water(
     settings: dict,
     *,
@@ -918,6 +943,8 @@ def _run_shallow_water(
         if not isinstance(stored, dict) or stored.get("command") != "shallow-water":
             raise ValueError(f"--resume: {output!r} was not written by physjax shallow-water")
         case = CASES.get(stored.get("case"))
+        if case is not None:  # a run setting or an unknown name: as for a new run
+            _check_parameter_names(settings.get("parameters") or {}, stored["case"])
         _check_resume_settings(settings, stored, output, case.defaults if case else {}, given_as)
         if attrs.get("status") == "complete":
             plot = settings.get("plot")
@@ -975,24 +1002,7 @@ def _run_shallow_water(
     from .solvers.shallow_water import make_case
 
     params = dict(settings.get("parameters") or {})
-    for key in params:  # a run setting, e.g. one a config file gives below [parameters]
-        if key in _OPTION_PARAMETERS or key in RUN_KEYS:
-            option = _OPTION_PARAMETERS.get(key) or (
-                "--no-cfl-check" if key.endswith("cfl_check") else f"--{key.replace('_', '-')}"
-            )
-            raise ValueError(
-                f"parameter {key} (--param, or the [parameters] table of --config): {key} is "
-                f"not a physical parameter here; set it with {option} (or {key} at the top of "
-                "a --config file, above [parameters])"
-            )
-    defaults = CASES[case_name].defaults
-    unknown = sorted(set(params) - set(defaults))
-    if unknown:
-        allowed = ", ".join(sorted(k for k in defaults if k not in _OPTION_PARAMETERS))
-        raise ValueError(
-            f"unknown parameter(s) {unknown} (--param, or the [parameters] table of "
-            f"--config) for case {case_name!r}; allowed: {allowed}"
-        )
+    _check_parameter_names(params, case_name)
     _check_memory(
         kw.get("nx", CASES[case_name].shape[1]), kw.get("ny", CASES[case_name].shape[0]), precision
     )

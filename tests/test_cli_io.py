@@ -470,6 +470,28 @@ def test_resume_refuses_settings_that_differ_from_the_stored_run(tmp_path, capsy
         assert f.attrs["status"] == "complete" and f["time"].shape[0] > frames
 
 
+def test_resume_refuses_a_param_that_is_no_parameter_as_a_new_run_does(tmp_path, capsys):
+    # a run setting or an unknown name given as --param: not "differs from the stored
+    # 'default'", nor a case default (t_end 86400) given as the stored run's own value
+    out = tmp_path / "r.h5"
+    assert main(["shallow-water", *FAST, "--output", str(out), "--max-frames", "1"]) == 0
+    with h5py.File(out, "r") as f:
+        frames, status = f["time"].shape[0], f.attrs["status"]
+    t_end = FAST[FAST.index("--t-end") + 1]
+    for param, match in (
+        (f"t_end={t_end}", "t_end is not a physical parameter here; set it with --t-end"),
+        ("nx=16", "nx is not a physical parameter here; set it with --nx"),
+        ("save_every=2", "save_every is not a physical parameter here; set it with --save-every"),
+        ("foo=1", "unknown parameter(s) ['foo'] (--param, or the [parameters] table of"),
+    ):
+        code = main(["shallow-water", "--output", str(out), "--resume", "--param", param])
+        assert code == 2
+        err = capsys.readouterr().err
+        assert match in err and "differs from the stored" not in err, err
+        with h5py.File(out, "r") as f:
+            assert f["time"].shape[0] == frames and f.attrs["status"] == status
+
+
 def test_dt_that_does_not_divide_t_end_lands_on_it(tmp_path, capsys):
     args = ["--case", "gravity-wave", "--n", "16", "--t-end", "1000", "--dt", "300", "--quiet"]
     full, part = tmp_path / "full.h5", tmp_path / "part.h5"
