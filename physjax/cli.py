@@ -934,6 +934,12 @@ def _run_shallow_water(
             raise ValueError("--resume needs --output naming the file to continue")
         if not os.path.lexists(output):
             raise ValueError(f"--resume: {output!r} does not exist; there is no run to continue")
+        if os.path.exists(output) and not (os.path.isfile(output) or os.path.isdir(output)):
+            # a device or socket holds no run; a named pipe, opened, would wait for a writer
+            raise ValueError(
+                f"--resume: {output!r} is not a regular file (a device, pipe or socket), so "
+                f"holds no run to continue; give the run's file as --output"
+            )
         held.enter_context(output_lock(output))
         try:  # no physjax run writes it (the lock is held): an error that lasts
             attrs = read_attrs(output)

@@ -692,6 +692,29 @@ def test_resume_of_a_file_that_does_not_exist(tmp_path, capsys):
     assert list(tmp_path.iterdir()) == []  # no file and no lock left
 
 
+def test_resume_of_a_named_pipe_or_device_is_refused_without_opening_it(tmp_path, capsys):
+    """--resume of a named pipe waited for a writer for ever (HDF5 opened it to read the
+    run), and of /dev/null it called the file damaged and suggested --overwrite, which
+    refuses it: both are refused at once, as a new run's --output is."""
+    import threading
+
+    fifo = tmp_path / "pipe.h5"
+    os.mkfifo(fifo)
+    for path in (str(fifo), os.devnull):
+        argv = ["shallow-water", "--output", path, "--resume", "--quiet"]
+        result = []
+        thread = threading.Thread(
+            target=lambda r, a: r.append(_error(capsys, a)), args=(result, argv), daemon=True
+        )
+        thread.start()
+        thread.join(60)
+        assert result, f"--resume --output {path} did not return"
+        code, err = result[0]
+        assert code == 2
+        assert f"--resume: {path!r} is not a regular file (a device, pipe or socket)" in err, err
+    assert [p.name for p in tmp_path.iterdir()] == ["pipe.h5"]  # no lock file left
+
+
 def test_plot_of_non_finite_and_constant_fields(tmp_path, capsys):
     """A field with Inf crashed `physjax plot` (OverflowError in the colour scale) and an
     all-NaN frame gave "cannot convert float NaN to integer"; both now draw, the bad cells
