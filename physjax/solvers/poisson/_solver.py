@@ -1051,6 +1051,12 @@ def _check_positive_in_range(value, name: str, dtype) -> None:
     a value the caller never gave. Traced values are left to the solve's own check."""
     if isinstance(value, jax.core.Tracer):
         return
+    given_dtype = getattr(value, "dtype", None)  # an array's: no copy to the host when it fits
+    if given_dtype is not None and (
+        np.dtype(given_dtype).kind != "f"
+        or np.dtype(given_dtype).itemsize <= np.dtype(dtype).itemsize
+    ):
+        return
     try:
         values = np.asarray(value)
     except (TypeError, ValueError):  # ragged lists, tracers in a list: refused by the caller
