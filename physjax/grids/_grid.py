@@ -94,6 +94,18 @@ def _axis_names(ndim: int) -> tuple[str, ...]:
     return AXIS_NAMES_2D if ndim == 2 else AXIS_NAMES_3D
 
 
+def as_number(value):
+    """A concrete 0-d NumPy or JAX array (``np.array(False)``, ``jnp.float64(1e6)``) as the
+    Python number it holds; anything else (a tracer, a sequence, a number) as given."""
+    if (
+        getattr(value, "ndim", None) == 0
+        and hasattr(value, "dtype")
+        and not isinstance(value, jax.core.Tracer)
+    ):
+        return np.asarray(value).item()
+    return value
+
+
 class Grid(eqx.Module):
     """A uniform structured grid of 2 or 3 dimensions, periodic or walled per axis.
 
@@ -145,16 +157,10 @@ class Grid(eqx.Module):
         shape = _as_tuple("shape", shape, "sizes (ny, nx) or (nz, ny, nx)")
         # 0-d arrays are numbers, as for extent: jnp.array([64, 128]) was refused as
         # "ny must be a positive integer, got Array(64, dtype=int32)"
-        shape = tuple(
-            np.asarray(n).item() if getattr(n, "ndim", None) == 0 and hasattr(n, "dtype") else n
-            for n in shape
-        )
+        shape = tuple(as_number(n) for n in shape)
         extent = _as_tuple("extent", extent, "domain lengths [m], one per axis")
         # 0-d arrays (np.array(1e6), jnp.float64(1e6)) are numbers
-        extent = tuple(
-            np.asarray(e).item() if getattr(e, "ndim", None) == 0 and hasattr(e, "dtype") else e
-            for e in extent
-        )
+        extent = tuple(as_number(e) for e in extent)
         ndim = len(shape)
         if ndim not in (2, 3):
             raise ValueError(f"shape must have 2 (ny, nx) or 3 (nz, ny, nx) entries, got {shape}")
@@ -175,12 +181,7 @@ class Grid(eqx.Module):
                 )
         # a 0-d array (np.array(False), jnp.array(False)) is one bool, as for extent's entries:
         # it stopped with "iteration over a 0-d array"
-        if (
-            getattr(periodic, "ndim", None) == 0
-            and hasattr(periodic, "dtype")
-            and not isinstance(periodic, jax.core.Tracer)
-        ):
-            periodic = np.asarray(periodic).item()
+        periodic = as_number(periodic)
         if isinstance(periodic, (bool, np.bool_)):
             periodic = (bool(periodic),) * ndim
         periodic = _as_tuple("periodic", periodic, f"True/False or {ndim} of them")
@@ -193,10 +194,7 @@ class Grid(eqx.Module):
         if origin is None:
             origin = (0.0,) * ndim
         origin = _as_tuple("origin", origin, "coordinates [m] of the low corner")
-        origin = tuple(  # 0-d arrays are numbers, as for extent
-            np.asarray(o).item() if getattr(o, "ndim", None) == 0 and hasattr(o, "dtype") else o
-            for o in origin
-        )
+        origin = tuple(as_number(o) for o in origin)  # 0-d arrays are numbers, as for extent
         if len(origin) != ndim or not all(
             isinstance(o, (int, float, np.integer, np.floating))
             and not isinstance(o, (bool, np.bool_))

@@ -17,7 +17,7 @@ import numpy as np
 from jax import lax
 
 from ..parallel._halo import exchange_halo
-from ._grid import Grid, Stagger, check_location
+from ._grid import Grid, Stagger, as_number, check_location
 
 
 def _flip(x: jax.Array, axis: int) -> jax.Array:
@@ -118,12 +118,7 @@ def fill_halo(
     given = parity
     # a 0-d array is one number, as a NumPy integer is: it stopped with "iteration over a
     # 0-d array"
-    if (
-        getattr(parity, "ndim", None) == 0
-        and hasattr(parity, "dtype")
-        and not isinstance(parity, jax.core.Tracer)
-    ):
-        parity = np.asarray(parity).item()
+    parity = as_number(parity)
     if isinstance(parity, (int, np.integer)) and not isinstance(parity, bool):
         parity = (parity,) * nd  # one parity for every axis
     if not hasattr(parity, "__iter__") or isinstance(parity, str):
