@@ -805,6 +805,10 @@ def test_a_mesh_of_explicit_axes_is_refused_by_name():
     auto = jax.make_mesh((2, 2), ("y", "x"), axis_types=(AxisType.Auto,) * 2)
     out = shard_map_fields(_laplacian_of, g, auto)(f, 1.0)
     np.testing.assert_allclose(out, _laplacian_of(g, f, 1.0), rtol=0, atol=1e-9)
+    # physjax's own meshes name their axis types rather than rely on Mesh's default
+    for layout in ((2, 2), (1, 2, 2)):
+        kinds = {t.name for t in make_mesh(layout).axis_types}
+        assert kinds == {"Auto"}, (layout, kinds)
 
 
 def test_a_zero_dimensional_array_is_one_periodic_flag_or_parity():

@@ -105,7 +105,13 @@ def make_mesh(devices: int | Sequence[int] | None = None, ndim: int | None = Non
             f"XLA_FLAGS=--xla_force_host_platform_device_count={n} set before jax is imported"
         )
     names = AXIS_NAMES_2D if ndim == 2 else AXIS_NAMES_3D
-    return Mesh(np.asarray(available[:n]).reshape(layout), names)
+    grid_of_devices = np.asarray(available[:n]).reshape(layout)
+    auto = getattr(getattr(jax.sharding, "AxisType", None), "Auto", None)
+    if auto is None:  # a jax without axis types: every mesh axis is Auto already
+        return Mesh(grid_of_devices, names)
+    # the halo exchange needs Auto axes (decompose refuses others); asked for by name so
+    # a jax whose Mesh default changes (as jax.make_mesh's did, to Explicit) still works
+    return Mesh(grid_of_devices, names, axis_types=(auto,) * ndim)
 
 
 def field_spec(grid: Grid, mesh: Mesh, batch_dims: int = 0) -> PartitionSpec:
