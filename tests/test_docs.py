@@ -80,6 +80,10 @@ def test_example_runs(page, code, tmp_path):
             "\nimport numpy\n"
             "assert sol.states.h.shape == (10, 128, 256), sol.states.h.shape\n"
             "assert numpy.allclose(sol.ts, dt * 100 * numpy.arange(1, 11), rtol=1e-6), sol.ts\n"
+            # the gradient the comment gives, and a central difference agrees with it
+            "assert -1.0e5 < grad < -0.95e5, grad\n"
+            "fd = (kinetic(2e-6) - kinetic(0.0)) / 2e-6\n"
+            "assert abs(fd - grad) <= 0.01 * abs(grad), (fd, grad)\n"
         )
     if "# PoissonSolution(u, residual_norm, iterations, converged)" in code:  # poisson.md
         code += (
