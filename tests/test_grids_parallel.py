@@ -698,6 +698,24 @@ def test_fill_halo_and_interior_name_a_field_or_grid_of_the_wrong_type():
         fill_halo(g, jnp.ones((4, 6)))
 
 
+def test_fill_halo_points_a_stack_of_fields_to_vmap():
+    """A (3, ny, nx) stack was refused as having the wrong number of dimensions, with no word
+    that jax.vmap gives fill_halo batch axes; the message says so now, and vmap agrees with a
+    loop."""
+    g = Grid((4, 6), (1.0, 3.0), periodic=(False, True), dtype="float64")
+    stack = jnp.asarray(np.random.default_rng(1).normal(size=(3, 4, 6)))
+    with pytest.raises(
+        ValueError, match=r"got shape \(3, 4, 6\); .*jax\.vmap\(lambda f: fill_halo"
+    ):
+        fill_halo(stack, g)
+    with pytest.raises(ValueError, match=r"got shape \(3, 5, 6\)$"):  # not a stack of g's
+        fill_halo(jnp.ones((3, 5, 6)), g)
+    mapped = jax.vmap(lambda f: fill_halo(f, g, parity=-1))(stack)
+    looped = jnp.stack([fill_halo(f, g, parity=-1) for f in stack])
+    assert mapped.shape == (3, 6, 8)
+    np.testing.assert_array_equal(mapped, looped)
+
+
 def test_zero_dimensional_integer_arrays_are_sizes_for_shape():
     """jnp.array([4, 8]) was refused as "ny must be a positive integer, got Array(4, ...)"
     while the same array was taken for extent."""

@@ -109,7 +109,16 @@ def fill_halo(
         raise TypeError(f"grid must be a physjax.grids.Grid, got {type(grid).__name__}")
     nd = grid.ndim
     if field.ndim != nd:
-        raise ValueError(f"field must have {nd} dimensions like the grid, got shape {field.shape}")
+        more = ""
+        if field.ndim > nd and tuple(field.shape[-nd:]) == grid.local_shape:
+            # a stack of fields: the halo rule is per field, and vmap gives it batch axes
+            more = (
+                f"; for a stack of {field.ndim - nd} leading batch axis(es) map over them: "
+                "jax.vmap(lambda f: fill_halo(f, grid, ...))(fields)"
+            )
+        raise ValueError(
+            f"field must have {nd} dimensions like the grid, got shape {field.shape}{more}"
+        )
     if tuple(field.shape) != grid.local_shape:
         raise ValueError(f"field shape {field.shape} does not match the grid {grid.local_shape}")
     location = ("centre",) * nd if location is None else check_location(location, nd)
