@@ -1324,6 +1324,40 @@ def test_a_second_writer_of_the_same_file_is_refused(tmp_path, capsys):
     assert main(["shallow-water", "--quiet", "--output", str(out), "--resume"]) == 0
 
 
+def test_a_lock_file_removed_between_open_and_lock_is_not_taken(tmp_path, monkeypatch):
+    """A writer ending removes its lock file. One that opened the file just before that and
+    locked it just after held a lock on a file no longer on disk, and a third writer could
+    create and lock a new one: two writers of one output. The lock is now kept only if it
+    is on the file the name leads to; otherwise the new file's lock is tried."""
+    import fcntl
+
+    from physjax.io import OutputLocked, output_lock
+    from physjax.io._netcdf import hidden_beside
+
+    out = tmp_path / "r.h5"
+    lock = hidden_beside(os.path.realpath(out), ".lock")
+    real_flock, held = fcntl.flock, []
+
+    def flock_after_the_holder_left(fd, op):
+        if not held:  # between our open and our flock: the holder ends, another writer starts
+            os.remove(lock)
+            other = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            real_flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.pwrite(other, b"pid 4242 on elsewhere", 0)
+            held.append(other)
+        return real_flock(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock_after_the_holder_left)
+    with pytest.raises(OutputLocked, match=r"'.*r\.h5' is being written by another physjax "
+                       r"process \(pid 4242 on elsewhere\)"):  # fmt: skip
+        with output_lock(out):
+            pass
+    os.close(held[0])  # the other writer ends: the lock is free again
+    with output_lock(out):
+        assert open(lock).read().startswith(f"pid {os.getpid()} ")
+    assert not os.path.exists(lock)
+
+
 def test_an_output_removed_during_the_run_stops_it_in_one_line(tmp_path, capsys, monkeypatch):
     """A file removed while the run wrote it (rm of a run taken for dead, a scratch purge):
     the next append opened it in mode "a", which created an empty HDF5 file in its place,

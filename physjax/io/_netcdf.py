@@ -114,31 +114,52 @@ def output_lock(path: str | os.PathLike):
     except ImportError:  # pragma: no cover - not on Linux/macOS
         yield
         return
-    try:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError:  # a read-only folder: the write will say so itself
+    fd = _lock_file(lock, given, fcntl)
+    if fd is None:  # a read-only folder: the write will say so itself
         yield
         return
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            owner = os.pread(fd, 64, 0).decode(errors="replace").strip()
-            raise OutputLocked(
-                f"{given!r} is being written by another physjax process"
-                f"{f' ({owner})' if owner else ''}; wait for it to end, or give another --output"
-            ) from None
-        except OSError:  # no flock on this file system: unlocked
-            pass
-        else:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}".encode(), 0)
         try:
             yield
         finally:
             with contextlib.suppress(OSError):
                 os.remove(lock)
     finally:
+        os.close(fd)
+
+
+def _lock_file(lock: str, given: str, fcntl) -> int | None:
+    """Open and ``flock`` the lock file ``lock`` and return its descriptor (unlocked where
+    the file system has no ``flock``), or ``None`` where the file cannot be made; raise
+    [`OutputLocked`][] when another process holds it."""
+    while True:
+        try:
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner = os.pread(fd, 64, 0).decode(errors="replace").strip()
+            os.close(fd)
+            raise OutputLocked(
+                f"{given!r} is being written by another physjax process"
+                f"{f' ({owner})' if owner else ''}; wait for it to end, or give another --output"
+            ) from None
+        except OSError:  # no flock on this file system: unlocked
+            return fd
+        # The holder removes the lock file when it ends: one opened just before that and
+        # locked just after is a file no longer on disk, and a third process could then
+        # create and lock a new one, two writers each holding "the" lock. Keep the lock
+        # only if it is on the file the name leads to now; else take the new one.
+        try:
+            current = os.path.samestat(os.fstat(fd), os.stat(lock))
+        except OSError:
+            current = False
+        if current:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}".encode(), 0)
+            return fd
         os.close(fd)
 
 
