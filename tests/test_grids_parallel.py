@@ -138,6 +138,12 @@ def test_halo_helpers_refuse_what_they_used_to_misread():
         interior(p, g, 3)
     with pytest.raises(ValueError, match="at least the grid's 2 dimensions"):
         interior(p[0], g)
+    # an unpadded field lost its outer cells, another grid's field was cut, without a word
+    with pytest.raises(ValueError, match=r"shape \(3, 4\): .* \(5, 6\) \(the unpadded shape"):
+        interior(f, g)
+    with pytest.raises(ValueError, match=r"padded has shape \(2, 7, 6\): a field of this grid"):
+        interior(jnp.zeros((2, 7, 6)), g)
+    np.testing.assert_array_equal(interior(jnp.stack([p, 2 * p]), g)[1], 2 * f)  # a batch
 
 
 def test_zeros_of_a_float64_grid_needs_x64():

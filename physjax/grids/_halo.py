@@ -164,7 +164,8 @@ def fill_halo(
 
 def interior(padded: jax.Array, grid: Grid, width: int | None = None) -> jax.Array:
     """Strip a halo of ``width`` (default ``grid.halo``) from every grid axis (the trailing
-    ``grid.ndim`` axes; leading batch axes are kept)."""
+    ``grid.ndim`` axes, which must be the grid's local shape plus ``2 * width``; leading
+    batch axes are kept)."""
     if not isinstance(padded, (jax.Array, np.ndarray)):  # a list stopped on .ndim
         raise TypeError(
             f"padded must be a jax or NumPy array, got {type(padded).__name__}; wrap it in "
@@ -189,4 +190,15 @@ def interior(padded: jax.Array, grid: Grid, width: int | None = None) -> jax.Arr
                 f"padded has {n} points along {axis}: nothing is left inside a halo of "
                 f"width {w} on each side"
             )
+    trailing = tuple(padded.shape[-grid.ndim :])
+    expected = tuple(n + 2 * w for n in grid.local_shape)
+    if trailing != expected:
+        # an unpadded field lost its outermost cells, and a field of another grid was cut to
+        # some shape, without a word
+        unpadded = " (the unpadded shape: there is no halo to strip)"
+        raise ValueError(
+            f"padded has shape {tuple(padded.shape)}: a field of this grid "
+            f"{grid.local_shape} padded by a halo of width {w} ends in {expected}"
+            f"{unpadded if trailing == tuple(grid.local_shape) else ''}"
+        )
     return padded[(Ellipsis,) + (slice(w, -w),) * grid.ndim]
