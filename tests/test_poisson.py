@@ -1,6 +1,9 @@
 """Tests of physjax.solvers.poisson: exactness, convergence orders, multigrid, devices, AD."""
 
+import os
 import re
+import subprocess
+import sys
 import warnings
 
 import equinox as eqx
@@ -543,6 +546,47 @@ def test_vmap_equals_loop(method):
     batched = jax.vmap(solver)(jnp.asarray(fs))
     for k in range(3):
         assert _rel(batched[k], solver(fs[k])) <= 1e-12
+
+
+# run in a process of its own: on the old code it never returned (it would stall the suite)
+_VMAP_OVER_COEFFICIENT_ON_A_MESH = """
+import jax, jax.numpy as jnp, numpy as np, equinox as eqx
+from physjax.grids import Grid
+from physjax.parallel import make_mesh
+from physjax.solvers.poisson import PoissonSolver
+grid = Grid((8, 8), (1.0, 1.0), periodic=False, dtype="float64")
+rng = np.random.default_rng(3)
+f = jnp.asarray(rng.normal(size=grid.shape))
+coefficients = jnp.asarray(np.exp(0.3 * rng.normal(size=(3, *grid.shape))))
+mesh = make_mesh((2, 2), 2)
+rel = lambda a, b: float(np.max(np.abs(np.asarray(a) - b)) / np.max(np.abs(b)))
+cg = PoissonSolver(grid, "dirichlet", "cg", coefficient=coefficients[0], mesh=mesh)
+solve = lambda a: eqx.tree_at(lambda s: s.coefficient, cg, a)(f, {"x": (0.1, 0.2)})
+loop = np.stack([solve(a) for a in coefficients])
+print("cg solve", rel(jax.vmap(solve)(coefficients), loop))
+"""
+
+
+def test_vmap_over_the_coefficient_on_a_mesh_equals_the_loop():
+    """jax.vmap over coefficient fields set by eqx.tree_at, on a 2×2 mesh of 4 simulated
+    devices: each item builds its own coarse inverse, which under vmap was one batched LU.
+    jaxlib's CPU LU kernel hands the matrices of a batch to XLA's thread pool and waits for
+    them, and the 4 devices waiting there held every thread of the pool: the call never
+    returned (the loop over items, one LU each, took seconds)."""
+    env = dict(os.environ, JAX_PLATFORMS="cpu", JAX_ENABLE_X64="1")
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _VMAP_OVER_COEFFICIENT_ON_A_MESH],
+            capture_output=True,
+            text=True,
+            timeout=150,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail("jax.vmap over the coefficient on a 2×2 mesh did not return in 150 s")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("cg solve "), done.stdout
+    assert float(done.stdout.split()[-1]) <= 1e-12, done.stdout
 
 
 @pytest.mark.parametrize(

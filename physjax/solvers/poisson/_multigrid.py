@@ -295,7 +295,31 @@ def dense_inverse(
     if singular:
         scale = jnp.mean(jnp.abs(jnp.diagonal(mat)))
         mat = mat - scale / n * jnp.ones_like(mat)
+    # the coarsest level's solve in a preconditioner: no derivative is taken through it
+    # (custom_linear_solve differentiates the operator, not the preconditioner), and jax
+    # cannot linearize a custom_vmap function for reverse mode
+    return _inverse(lax.stop_gradient(mat))
+
+
+@jax.custom_batching.custom_vmap
+def _inverse(mat: jax.Array) -> jax.Array:
+    """``jnp.linalg.inv`` of one matrix; under ``vmap``, one matrix at a time.
+
+    jaxlib's CPU LU kernel splits a batch of matrices into tasks on XLA's intra-op thread
+    pool and blocks until they finish. Inside ``shard_map`` on simulated CPU devices every
+    device runs that kernel on a thread of the same pool, which then has no thread left for
+    the tasks: ``jax.vmap`` over a coefficient (a coarse inverse per item) on a 2×2 mesh of
+    4 devices waited for ever. Factored one at a time (``lax.map``), as a loop over the
+    items does, the matrices give the same inverses and the call returns."""
     return jnp.linalg.inv(mat)
+
+
+@_inverse.def_vmap
+def _inverse_batched(axis_size, in_batched, mat):
+    (batched,) = in_batched
+    if not batched:
+        return _inverse(mat), False
+    return lax.map(_inverse, mat), True
 
 
 class MultigridData(NamedTuple):
