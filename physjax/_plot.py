@@ -8,11 +8,14 @@ import os
 import numpy as np
 
 
-def _axes(ds, dims):
-    """x and y coordinates of the panels and their unit: km for domains of 10 km or more."""
+def _axes(ds, dims, limits=(None, None)):
+    """x and y coordinates of the panels and their unit: km for domains of 10 km or more
+    (the extent of an axis by its ``limits`` where they are known: one cell has no span)."""
     ydim, xdim = dims
     x, y = np.asarray(ds[xdim], dtype=float), np.asarray(ds[ydim], dtype=float)
-    span = max(np.ptp(x) if x.size else 0.0, np.ptp(y) if y.size else 0.0)
+    spans = [np.ptp(v) if v.size else 0.0 for v in (x, y)]
+    spans += [hi - lo for lo, hi in (lim for lim in limits if lim is not None)]
+    span = max(spans)
     if span >= 1e4:
         return x / 1e3, y / 1e3, "km"
     return x, y, "m"
@@ -34,6 +37,9 @@ def _on_the_domain(var, ds):
     for dim in var.dims[-2:]:
         coord = ds[dim] if dim in ds.coords else var[dim]
         c = np.asarray(coord, dtype=float)
+        if c.size == 1:  # one cell along the axis (--nx 1): its extent from the file
+            limits.append(_one_cell(ds, str(dim), float(c[0])))
+            continue
         if c.size < 2:
             limits.append(None)
             continue
@@ -44,6 +50,38 @@ def _on_the_domain(var, ds):
             first = var.isel({dim: [0]}).assign_coords({dim: [c[-1] + step]})
             var = xr.concat([var, first], dim, combine_attrs="override")
     return var, tuple(limits)
+
+
+def _one_cell(ds, dim: str, c: float) -> tuple[float, float] | None:
+    """The extent of an axis of one cell whose one coordinate value is ``c``: a run or
+    solve with ``--nx 1`` drew blank panels, its one column of cells given no width (and
+    the x axis ±5 % of ``c`` around it, not the domain). The cell reaches from its low face
+    (``x_f``) to twice as far beyond its centre (``x``), both stored in a physjax file;
+    else the domain length ``parameter_Lx`` with the centre in its middle; else None."""
+    axis = dim[:-2] if dim.endswith("_f") else dim
+    faces = dim.endswith("_f")
+    other = axis if faces else f"{axis}_f"
+    if other in ds.coords and ds[other].size == 1:
+        centre, face = (float(ds[other][0]), c) if faces else (c, float(ds[other][0]))
+        if centre > face:
+            return face, 2 * centre - face
+    length = ds.attrs.get(f"parameter_L{axis}")
+    try:
+        length = float(np.asarray(length).ravel()[0])
+    except (TypeError, ValueError, IndexError):
+        return None
+    if not (np.isfinite(length) and length > 0):
+        return None
+    return (c, c + length) if faces else (c - length / 2, c + length / 2)
+
+
+def _edges(c: np.ndarray, limits: tuple[float, float] | None) -> np.ndarray:
+    """The cell edges of centres ``c`` (what pcolormesh's "nearest" shading takes); an axis
+    of one value spans ``limits`` (or a unit cell about it)."""
+    if c.size == 1:
+        return np.asarray(limits if limits is not None else (c[0] - 0.5, c[0] + 0.5), float)
+    mid = (c[1:] + c[:-1]) / 2
+    return np.concatenate([[2 * c[0] - mid[0]], mid, [2 * c[-1] - mid[-1]]])
 
 
 def _read_frame(path: str | os.PathLike, frame: int | None):
@@ -333,19 +371,24 @@ def plot_panels(
             var = var.isel({var.dims[0]: level})
             title = f"{title}\nat z = {_length_text(z)}"
         var, limits = _on_the_domain(var, sel)
-        x, y, xy_units = _axes(var, var.dims[-2:])
+        x, y, xy_units = _axes(var, var.dims[-2:], limits)
         data, vmin, vmax, exponent, note = _colour_scale(np.asarray(var, dtype=float), cmap)
+        scale = 1e3 if xy_units == "km" else 1.0
         if exponent:  # the power of ten in the label, not over the bar
             # a dimensionless field (CF units "1") is in powers of ten alone: "10⁻⁴", not "10⁻⁴ 1"
             power = f"$10^{{{exponent}}}$"
             units = power if units.strip() in ("", "1") else f"{power} {units}"
         title += note
         colours = plt.get_cmap(cmap).with_extremes(bad="0.5")  # NaN/Inf grey, not zero's white
-        im = ax.pcolormesh(x, y, data, cmap=colours, shading="auto", vmin=vmin, vmax=vmax)
+        if x.size == 1 or y.size == 1:  # "auto" shading gives one value no width: edges
+            scaled = [None if lim is None else (lim[0] / scale, lim[1] / scale) for lim in limits]
+            x, y = _edges(x, scaled[1]), _edges(y, scaled[0])
+            im = ax.pcolormesh(x, y, data, cmap=colours, shading="flat", vmin=vmin, vmax=vmax)
+        else:
+            im = ax.pcolormesh(x, y, data, cmap=colours, shading="auto", vmin=vmin, vmax=vmax)
         width, height = np.ptp(x), np.ptp(y)
         # true proportions, unless they leave a sliver (a long channel): then fill the panel
         ax.set_aspect("equal" if 0 < height <= 4 * width and width <= 4 * height else "auto")
-        scale = 1e3 if xy_units == "km" else 1.0
         if limits[1] is not None:
             ax.set_xlim(*(v / scale for v in limits[1]))
         if limits[0] is not None:

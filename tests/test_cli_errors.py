@@ -803,6 +803,36 @@ def test_plot_panels_of_centre_and_corner_fields_show_the_same_domain(tmp_path, 
     assert corners[..., 0].max() == pytest.approx(lx + lx / 32 if periodic else lx - lx / 32)
 
 
+@pytest.mark.parametrize("command", ["shallow-water", "poisson"])
+def test_plot_of_a_grid_one_cell_wide_fills_the_domain(tmp_path, monkeypatch, command):
+    """A run or solve with --nx 1 (a one-dimensional problem in y) drew blank panels: its one
+    column of cells had no width, and the x axis spanned ±5 % of the one coordinate value.
+    The column now spans the domain, 0 to Lx, on the centre and the face (corner) panels."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    run, png = tmp_path / "w.h5", tmp_path / "w.png"
+    if command == "shallow-water":
+        args = ["shallow-water", "--case", "gravity-wave", "--t-end", "3000"]
+    else:
+        args = ["poisson", "--case", "dirichlet", "--lx", "2.5"]
+    assert main([*args, "--nx", "1", "--ny", "8", "--quiet", "--output", str(run)]) == 0
+    assert main(["plot", str(run), "--output", str(png)]) == 0
+    with xr.open_dataset(run, engine="h5netcdf") as ds:
+        lx, ly = (float(ds.attrs[f"parameter_L{a}"]) for a in "xy")
+    scale = 1e3 if max(lx, ly) >= 1e4 else 1.0
+    panels = [ax for ax in figures[-1].axes if ax.get_label() != "<colorbar>"]
+    assert len(panels) == (2 if command == "shallow-water" else 3)
+    for ax in panels:
+        assert ax.get_xlim() == pytest.approx((0, lx / scale))
+        assert ax.get_ylim() == pytest.approx((0, ly / scale))
+        corners = ax.collections[0].get_coordinates()  # (ny + 1, 2, 2): one column of cells
+        assert corners.shape[1] == 2
+        assert corners[..., 0].min() == pytest.approx(0)
+        assert corners[..., 0].max() == pytest.approx(lx / scale)
+
+
 def test_plot_of_named_variables_draws_fields_on_the_faces_and_refuses_1d_ones(tmp_path):
     """Panels of named variables: u on the x faces is drawn on the domain like h; a 1-D or
     scalar variable (step, grid, a coordinate) stopped with "not enough values to unpack (expected
