@@ -182,6 +182,8 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
         if key != "n":
             settings.setdefault(key, value)
 
+    if settings["output"] == "":  # not "the default": a script's --output "$OUT" with OUT unset
+        raise ValueError("--output must name a file, got ''")
     if settings["case"] not in CASES:
         raise ValueError(f"--case must be one of {', '.join(CASES)}, got {settings['case']!r}")
     if settings["precision"] not in ("float32", "float64"):

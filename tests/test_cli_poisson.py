@@ -1483,3 +1483,16 @@ def test_a_finished_solve_whose_log_is_full_exits_0(tmp_path):
     with h5py.File(out, "r") as f:
         assert f.attrs["status"] == "complete"
     assert png.stat().st_size > 0
+
+
+def test_an_empty_output_is_refused_by_name(tmp_path, capsys, monkeypatch):
+    """``--output ''`` (or ``output = ""`` in --config) was reported as "--output '' is not
+    writable: No such file or directory", as if a folder were missing; it is refused as
+    physjax shallow-water refuses it, before anything is written."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "e.toml").write_text('n = 8\noutput = ""\n')
+    for argv in (["--n", "8", "--output", ""], ["--config", "e.toml"]):
+        assert main(["poisson", "--quiet", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err == "physjax poisson: error: --output must name a file, got ''\n", err
+    assert os.listdir(tmp_path) == ["e.toml"]
