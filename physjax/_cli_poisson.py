@@ -347,7 +347,13 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
                 count = min(count, int(np.asarray(written).ravel()[0]))
             index = -1 if frame is None else frame
             if count == 0:
-                raise ValueError(f"--{option}: {spec} has no frame (time dimension of size 0)")
+                why = (
+                    "time dimension of size 0"
+                    if shape[0] == 0
+                    else f"n_frames = 0 in the file: none of its {shape[0]} time entries is a "
+                    "whole frame; a run still writing its first frame, or one stopped in it"
+                )
+                raise ValueError(f"--{option}: {spec} has no frame ({why})")
             if not -count <= index < count:
                 from ._plot import frames_text
 

@@ -1496,3 +1496,20 @@ def test_an_empty_output_is_refused_by_name(tmp_path, capsys, monkeypatch):
         err = capsys.readouterr().err
         assert err == "physjax poisson: error: --output must name a file, got ''\n", err
     assert os.listdir(tmp_path) == ["e.toml"]
+
+
+def test_rhs_of_a_run_without_a_whole_frame_says_why(tmp_path, capsys):
+    """A run file whose time axis holds entries but no whole frame (``n_frames = 0``: its
+    writer stopped in the first append) was said to have a "time dimension of size 0"."""
+    run = tmp_path / "w.h5"
+    args = ["shallow-water", "--case", "gravity-wave", "--n", "8", "--t-end", "600", "--quiet"]
+    assert main([*args, "--output", str(run)]) == 0
+    with h5py.File(run, "a") as f:
+        f.attrs["n_frames"] = np.array([0])
+        entries = f["time"].shape[0]
+    code, _ = _poisson(tmp_path, "--rhs", f"{run}:h", "--bc", "periodic")
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"--rhs: {run}:h has no frame (n_frames = 0 in the file: none of its {entries} " in err
+    assert "size 0" not in err and entries > 0
+    assert sorted(os.listdir(tmp_path)) == ["w.h5"]
