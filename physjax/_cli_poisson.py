@@ -762,7 +762,7 @@ def run(args) -> int:
 
 
 def _run(args, held: contextlib.ExitStack) -> int:
-    from .cli import _check_devices_divide, _check_plot_path, _write_plot, setup_jax
+    from .cli import _check_devices_divide, _check_plot_path, _plot_written, setup_jax
 
     s = resolve(args)
     given_as = s.pop("_given_as", None) or {}  # nx, ny set by --n (or a config's n)
@@ -1100,8 +1100,8 @@ def _run(args, held: contextlib.ExitStack) -> int:
         with contextlib.suppress(OSError):
             os.remove(os.path.realpath(output))
         raise
-    if s.get("plot"):
-        _write_plot(output, s["plot"])  # u, residual, and the error or f (as `physjax plot`)
+    if s.get("plot"):  # u, residual, and the error or f (as `physjax plot`)
+        _plot_written(output, s["plot"], "complete" if converged else "marked failed")
     what = f"poisson {method}: "
     if method != "spectral":
         what += f"{_iterations(iterations)}, "

@@ -397,6 +397,21 @@ def _write_plot(path: str, plot: str, option: str = "--plot", **kwargs) -> None:
         raise ValueError(f"{option} {plot!r} could not be written: {e}") from None
 
 
+def _plot_written(output: str, plot: str, what: str) -> None:
+    """Draw a run's (or solve's) ``--plot`` once its data file is written. A picture that
+    cannot be drawn (a full disk, its folder removed during the run) stopped the command with
+    only "--plot … could not be written": nothing said that the data was written and whole.
+    The error now says so (`what`: the file's state) and how to draw the picture again."""
+    try:
+        _write_plot(output, plot)
+    except ValueError as e:
+        e.add_note(
+            f"{output} is written and kept ({what}); draw the picture again with: "
+            f"physjax plot {shlex.quote(output)} --output {shlex.quote(plot)}"
+        )
+        raise
+
+
 def _record_of(writer, step0: int) -> tuple[int, int]:
     """The whole frames of a stopped run's file and the step of its last (``step0`` when it
     has none), read through the run's own writer, whose file-locking flags an open handle
@@ -1331,7 +1346,10 @@ def _run_shallow_water(
             f"{max_frames}; continue with --resume"
         )
     if plot:
-        _write_plot(output, plot)
+        frames_text = f"{total_frames} frame{'s' if total_frames != 1 else ''}"
+        _plot_written(
+            output, plot, f"{frames_text}, " + ("complete" if done else f"stopped at step {step}")
+        )
     note = "" if done else f" (stopped at step {step}/{n_steps}; continue with --resume)"
     if dt_requested is not None and dt != dt_requested:
         note += (

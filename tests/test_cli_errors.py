@@ -1120,3 +1120,39 @@ def test_a_step_below_the_precisions_smallest_number_is_refused(tmp_path, capsys
     code, err = _error(capsys, [*args, *extra, "--output", str(out)])
     assert code == 2 and err == f"physjax shallow-water: error: {match}\n", err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["shallow-water", "poisson"])
+def test_a_plot_that_cannot_be_drawn_after_the_run_says_the_data_is_kept(
+    tmp_path, capsys, monkeypatch, command
+):
+    """A --plot that fails once the data file is written (a full disk, its folder removed
+    during the run) stopped the command with only "--plot … could not be written": nothing
+    said that the data was written and whole. A second line now says so, with the command
+    that draws the picture again."""
+    import errno
+
+    import physjax._plot
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(physjax._plot, "plot_panels", full)
+    monkeypatch.chdir(tmp_path)
+    if command == "shallow-water":
+        args = ["shallow-water", "--case", "gravity-wave", "--n", "8", "--t-end", "600"]
+        state = "2 frames, complete"
+    else:
+        args = ["poisson", "--n", "8"]
+        state = "complete"
+    code, err = _error(capsys, [*args, "--quiet", "--output", "o.h5", "--plot", "o.png"])
+    assert code == 2
+    assert err.splitlines() == [
+        f"physjax {command}: error: --plot 'o.png' could not be written: [Errno 28] No space "
+        "left on device",
+        f"o.h5 is written and kept ({state}); draw the picture again with: physjax plot o.h5 "
+        "--output o.png",
+    ]
+    with h5py.File(tmp_path / "o.h5") as f:
+        assert f.attrs["status"] == "complete"
+    assert sorted(os.listdir(tmp_path)) == ["o.h5"]
