@@ -2075,3 +2075,16 @@ def test_append_refuses_a_frame_that_does_not_go_forward(tmp_path):
     w.finish()
     with xr.open_dataset(w.path) as ds:
         assert ds.sel(time=6.0)["h"].values.sum() == 0
+
+
+@pytest.mark.parametrize("name", ["run_shallow_water.py", "solve_poisson.py"])
+def test_scripts_with_a_shebang_can_be_run_by_their_path(name):
+    """scripts/*.py begin with ``#!/usr/bin/env python`` but were stored without the
+    executable bit: ``scripts/run_shallow_water.py --n 32`` failed with "Permission
+    denied". Each is now executable, and its shebang and entry point are the command's."""
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", name)
+    with open(script) as f:
+        text = f.read()
+    assert text.startswith("#!/usr/bin/env python\n")
+    assert "from physjax.cli import run_command" in text
+    assert os.access(script, os.X_OK), f"scripts/{name} is not executable"
