@@ -178,6 +178,11 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     settings = resolve_settings(args, POISSON_KEYS, parameters=False)
     settings.pop("parameters", None)
     settings["case_given"] = "case" in settings
+    # the iterative solvers' stopping rule, given (before its defaults): a spectral solve,
+    # direct, takes none and says so
+    settings["stopping_given"] = [
+        f"--{k.replace('_', '-')}" for k in ("rtol", "max_iterations") if k in settings
+    ]
     for key, value in DEFAULTS.items():
         if key != "n":
             settings.setdefault(key, value)
@@ -872,6 +877,14 @@ def _run(args, held: contextlib.ExitStack) -> int:
     if method == "spectral" and has_coefficient:
         raise ValueError(
             "--method spectral needs a constant coefficient; use --method cg or multigrid"
+        )
+
+    if method == "spectral" and s["stopping_given"]:
+        given = " and ".join(s["stopping_given"])
+        _note(
+            f"physjax poisson: note: {given} {'has' if len(s['stopping_given']) == 1 else 'have'}"
+            f" no effect with --method spectral, a direct solve (the stopping rule of "
+            f"--method multigrid and cg)"
         )
 
     output = s["output"]

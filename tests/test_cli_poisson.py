@@ -1513,3 +1513,28 @@ def test_rhs_of_a_run_without_a_whole_frame_says_why(tmp_path, capsys):
     assert f"--rhs: {run}:h has no frame (n_frames = 0 in the file: none of its {entries} " in err
     assert "size 0" not in err and entries > 0
     assert sorted(os.listdir(tmp_path)) == ["w.h5"]
+
+
+def test_a_stopping_rule_given_to_a_spectral_solve_gets_a_note(tmp_path, capsys):
+    """--rtol and --max-iterations, the stopping rule of multigrid and cg, were taken in
+    silence by a spectral solve (direct), as if they had been applied; they now get a note
+    naming them, from the command line and the config file alike (and none for cg)."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("max_iterations = 5\n")
+    note = "physjax poisson: note: {} no effect with --method spectral, a direct solve"
+    for extra, says in (
+        (["--rtol", "1e-3"], "--rtol has"),
+        (["--config", str(cfg), "--rtol", "1e-3"], "--rtol and --max-iterations have"),
+        (["--config", str(cfg)], "--max-iterations has"),
+        (["--config", str(cfg), "--method", "cg"], None),
+        ([], None),
+    ):
+        code, _ = _poisson(tmp_path, "--n", "8", "--overwrite", *extra)
+        err = capsys.readouterr().err
+        assert code == 0
+        notes = [line for line in err.splitlines() if "no effect" in line]
+        assert notes == (
+            []
+            if says is None
+            else [note.format(says) + " (the stopping rule of --method multigrid and cg)"]
+        ), err
