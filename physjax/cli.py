@@ -1075,6 +1075,11 @@ def _run_shallow_water(
             _check_step_count(ratio, f"--cfl {cfl:g}", t_end, hint)
         n_steps = max(1, math.ceil(ratio))
         dt = t_end / n_steps
+        if not cfl_check and not resume:  # dt is chosen within the limit: nothing to skip
+            _note(
+                f"physjax shallow-water: note: --no-cfl-check has no effect without --dt: "
+                f"dt is chosen as --cfl {cfl:g} of the stability limit"
+            )
     tiny = float(np.finfo(np.dtype(grid.dtype)).tiny)
     if dt < tiny:  # rounds to 0 (or a subnormal, flushed to 0) in the run's precision
         given = "--dt" if dt_requested is not None else "--t-end"

@@ -1156,3 +1156,22 @@ def test_a_plot_that_cannot_be_drawn_after_the_run_says_the_data_is_kept(
     with h5py.File(tmp_path / "o.h5") as f:
         assert f.attrs["status"] == "complete"
     assert sorted(os.listdir(tmp_path)) == ["o.h5"]
+
+
+def test_no_cfl_check_without_a_dt_gets_a_note(tmp_path, capsys):
+    """--no-cfl-check skips the check of a --dt; without one, dt is chosen as --cfl of the
+    limit and the option did nothing, in silence. It now gets a note (from the config file
+    too), and none where it lets a --dt run."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("no_cfl_check = true\ncfl = 0.25\n")
+    note = "physjax shallow-water: note: --no-cfl-check has no effect without --dt: dt is "
+    out = ["--output", str(tmp_path / "o.h5"), "--overwrite"]
+    for extra, says in (
+        (["--no-cfl-check"], "chosen as --cfl 0.5 of the stability limit"),
+        (["--config", str(cfg)], "chosen as --cfl 0.25 of the stability limit"),
+        (["--no-cfl-check", "--dt", "100"], None),
+        ([], None),
+    ):
+        code, err = _error(capsys, ["shallow-water", *FAST, *out, *extra])
+        assert code == 0
+        assert err == ("" if says is None else note + says + "\n"), err
