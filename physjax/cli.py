@@ -1030,8 +1030,13 @@ def _run_shallow_water(
     try:
         case = make_case(case_name, precision=precision, **kw, **params)
     except (TypeError, ValueError) as e:
-        if str(e).startswith("parameter "):  # name where the value came from
-            raise type(e)(f"{e} (--param, or the [parameters] table of --config)") from None
+        text = str(e)
+        # the model's own checks name a parameter bare ("gravity must be > 0 …"): one given
+        # with --param is named as a parameter, and where it came from, too
+        if any(text.startswith(f"{k} ") for k in params):
+            text = f"parameter {text}"
+        if text.startswith("parameter "):  # name where the value came from
+            raise type(e)(f"{text} (--param, or the [parameters] table of --config)") from None
         raise
     model, state = case.model, case.state
     grid = model.grid

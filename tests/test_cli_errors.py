@@ -1175,3 +1175,19 @@ def test_no_cfl_check_without_a_dt_gets_a_note(tmp_path, capsys):
         code, err = _error(capsys, ["shallow-water", *FAST, *out, *extra])
         assert code == 0
         assert err == ("" if says is None else note + says + "\n"), err
+
+
+def test_a_param_the_model_refuses_in_its_dtype_is_named_as_a_param(tmp_path, capsys):
+    """--param gravity=1e-300 (> 0, but 0 in float32) was refused as "gravity must be > 0 in
+    the grid's dtype float32 …", the one such message without "parameter" and "--param"; it
+    now says both, as the other checks of a parameter do."""
+    out = tmp_path / "o.h5"
+    argv = ["shallow-water", *FAST, "--output", str(out), "--param", "gravity=1e-300"]
+    code, err = _error(capsys, argv)
+    assert code == 2
+    assert err == (
+        "physjax shallow-water: error: parameter gravity must be > 0 in the grid's dtype "
+        "float32, got 1e-300, which it holds as 0 (--param, or the [parameters] table of "
+        "--config)\n"
+    ), err
+    assert list(tmp_path.iterdir()) == []
