@@ -1191,3 +1191,20 @@ def test_a_param_the_model_refuses_in_its_dtype_is_named_as_a_param(tmp_path, ca
         "--config)\n"
     ), err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [["shallow-water", *FAST], ["poisson", "--n", "8"]])
+def test_an_output_through_a_missing_folder_names_that_folder(tmp_path, capsys, command):
+    """--output sub/../x.h5 with no folder sub was refused as "'sub/../x.h5' is not
+    writable: No such file or directory" (the check of the folder took the path with the
+    "sub/.." taken out, which exists); it now names the folder that is missing, or that is
+    a file."""
+    (tmp_path / "f.h5").write_bytes(b"data")
+    for out, says in (
+        ("sub/../x.h5", f"passes through folder {str(tmp_path / 'sub')!r}, which does not exist"),
+        ("f.h5/../x.h5", f"passes through folder {str(tmp_path / 'f.h5')!r}, which is a file"),
+    ):
+        code, err = _error(capsys, [*command, "--quiet", "--output", str(tmp_path / out)])
+        assert code == 2 and err.count("\n") == 1, err
+        assert f"--output {str(tmp_path / out)!r} {says}" in err, err
+    assert os.listdir(tmp_path) == ["f.h5"]

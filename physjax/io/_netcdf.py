@@ -257,6 +257,17 @@ def check_writable(path: str | os.PathLike, what: str = "output path") -> None:
         )
     if not os.path.isdir(folder):
         raise ValueError(f"{what} {path!r}: folder {folder!r} does not exist")
+    # the folder as written: "sub/../x.h5" passes through sub, which abspath drops (and the
+    # open then failed with a bare "No such file or directory")
+    written = os.path.dirname(path)
+    if written and not os.path.isdir(written):
+        parts = written.split(os.sep)
+        for k in range(1, len(parts) + 1):
+            step = os.sep.join(parts[:k]) or os.sep
+            if not os.path.isdir(step):
+                shown = os.path.abspath(step)
+                state = "is a file, not a folder" if os.path.exists(step) else "does not exist"
+                raise ValueError(f"{what} {path!r} passes through folder {shown!r}, which {state}")
     if os.path.exists(path) and not os.path.isfile(path):
         # a device such as /dev/null, a named pipe (opening it would wait for a reader) or a
         # socket: never replaced by a file, --overwrite or not
