@@ -949,6 +949,11 @@ def _run_shallow_water(
             raise ValueError("--resume needs --output naming the file to continue")
         if not os.path.lexists(output):
             raise ValueError(f"--resume: {output!r} does not exist; there is no run to continue")
+        if not os.path.exists(output):  # a link to nothing: not "damaged or truncated"
+            raise ValueError(
+                f"--resume: {output!r} is a symbolic link to {os.readlink(output)!r}, which does "
+                f"not exist; there is no run to continue"
+            )
         if os.path.exists(output) and not (os.path.isfile(output) or os.path.isdir(output)):
             # a device or socket holds no run; a named pipe, opened, would wait for a writer
             raise ValueError(

@@ -1208,3 +1208,18 @@ def test_an_output_through_a_missing_folder_names_that_folder(tmp_path, capsys, 
         assert code == 2 and err.count("\n") == 1, err
         assert f"--output {str(tmp_path / out)!r} {says}" in err, err
     assert os.listdir(tmp_path) == ["f.h5"]
+
+
+def test_resume_through_a_dangling_link_says_the_link_leads_nowhere(tmp_path, capsys):
+    """--resume of an --output that is a link to a missing file said "file … does not exist;
+    the file is damaged or truncated … replace it with --overwrite"; it now says the link
+    leads to a file that does not exist, and leaves the link alone."""
+    link = tmp_path / "run.h5"
+    link.symlink_to("gone.h5")
+    code, err = _error(capsys, ["shallow-water", "--output", str(link), "--resume"])
+    assert code == 2
+    assert err == (
+        f"physjax shallow-water: error: --resume: {str(link)!r} is a symbolic link to "
+        "'gone.h5', which does not exist; there is no run to continue\n"
+    ), err
+    assert os.listdir(tmp_path) == ["run.h5"] and os.readlink(link) == "gone.h5"
