@@ -133,7 +133,16 @@ def load_config(
     except UnicodeDecodeError as e:
         raise ValueError(f"--config: {path!r} is not UTF-8 text, as TOML must be: {e}") from None
     except tomllib.TOMLDecodeError as e:
-        raise ValueError(f"--config: {path!r} is not valid TOML: {e}") from None
+        ext = os.path.splitext(path)[1].lower()
+        other = {".yaml": "YAML", ".yml": "YAML", ".json": "JSON"}.get(ext)
+        hint = (
+            f"; --config reads TOML only, not {other}: write the settings as key = value "
+            f'lines (nx = 128, output = "run.h5")'
+            + (" and the physical ones under [parameters]" if parameters else "")
+            if other
+            else ""
+        )
+        raise ValueError(f"--config: {path!r} is not valid TOML: {e}{hint}") from None
     except OSError as e:
         raise ValueError(f"--config: {path!r} cannot be read: {e}") from None
     spellings: dict[str, list[str]] = {}

@@ -1223,3 +1223,37 @@ def test_resume_through_a_dangling_link_says_the_link_leads_nowhere(tmp_path, ca
         "'gone.h5', which does not exist; there is no run to continue\n"
     ), err
     assert os.listdir(tmp_path) == ["run.h5"] and os.readlink(link) == "gone.h5"
+
+
+@pytest.mark.parametrize(
+    "name, text, kind",
+    [
+        ("r.yaml", "nx: 32\n", "YAML"),
+        ("r.yml", "nx: 32\n", "YAML"),
+        ("r.json", '{"nx": 32}\n', "JSON"),
+    ],
+)
+def test_a_yaml_or_json_config_is_told_that_config_files_are_toml(
+    tmp_path, capsys, name, text, kind
+):
+    """A --config written in YAML or JSON (named so) got only TOML's parse error ("Expected
+    '=' after a key", "Invalid statement"); it is now told that --config reads TOML, and
+    how its settings are written."""
+    cfg = tmp_path / name
+    cfg.write_text(text)
+    for command, table in (
+        ("shallow-water", " and the physical ones under [parameters]"),
+        ("poisson", ""),
+    ):
+        code, err = _error(capsys, [command, "--config", str(cfg)])
+        assert code == 2 and err.count("\n") == 1, err
+        assert f"--config: {str(cfg)!r} is not valid TOML: " in err
+        assert err.rstrip().endswith(
+            f"; --config reads TOML only, not {kind}: write the settings as key = value lines "
+            f'(nx = 128, output = "run.h5"){table}'
+        ), err
+    cfg.write_text("nx: 32\n")  # a .toml file that is not TOML: the parse error alone
+    toml = cfg.rename(tmp_path / "r.toml")
+    code, err = _error(capsys, ["shallow-water", "--config", str(toml)])
+    assert code == 2 and "reads TOML only" not in err and "is not valid TOML" in err
+    assert sorted(os.listdir(tmp_path)) == ["r.toml"]
