@@ -157,7 +157,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "unfinished solve, a file physjax did not write (a Poisson solve that ended is "
         "replaced without it)",
     )
-    p.add_argument("--plot", help="quick-look PNG of u, the residual and the error")
+    p.add_argument(
+        "--plot",
+        help="quick-look PNG of u, the residual and the error (or f, where no exact solution "
+        "is known: a --rhs, or a --bc other than the case's)",
+    )
     p.add_argument(
         "--config",
         action=_OneFile,

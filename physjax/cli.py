@@ -1517,7 +1517,9 @@ def build_parser() -> argparse.ArgumentParser:
         "a Poisson solve; a 3-D field at its middle z level.",
     )
     pl.add_argument("file", help="a physjax .h5 file")
-    pl.add_argument("--output", help="PNG to write (default: next to the file)")
+    pl.add_argument(
+        "--output", help="PNG to write (default: the file's name with .png, run.h5 -> run.png)"
+    )
     pl.add_argument("--frame", type=int, default=None, help="frame index (default: last)")
     pl.add_argument(
         "--vars",

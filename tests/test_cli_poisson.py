@@ -1538,3 +1538,37 @@ def test_a_stopping_rule_given_to_a_spectral_solve_gets_a_note(tmp_path, capsys)
             if says is None
             else [note.format(says) + " (the stopping rule of --method multigrid and cg)"]
         ), err
+
+
+def test_plot_help_texts_say_what_is_drawn_and_where(tmp_path, monkeypatch):
+    """`physjax poisson --help` said --plot draws "u, the residual and the error", but a solve
+    of a --rhs (or with another --bc) has no error and draws f; `physjax plot --help` said
+    the default --output is "next to the file", not which name it takes. Both say so now,
+    and what they say is what is drawn and written."""
+    import matplotlib.pyplot as plt
+
+    from physjax.cli import build_parser
+
+    parser = build_parser()
+    helps = {
+        name: {a.dest: " ".join(a.help.split()) for a in sub._actions if a.help}
+        for name, sub in parser.commands.items()
+    }
+    assert helps["poisson"]["plot"].endswith(
+        "the error (or f, where no exact solution is known: a --rhs, or a --bc other than the "
+        "case's)"
+    )
+    assert (
+        helps["plot"]["output"]
+        == "PNG to write (default: the file's name with .png, run.h5 -> run.png)"
+    )
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    code, out = _poisson(
+        tmp_path, "--case", "dirichlet", "--bc", "neumann", "--n", "8", name="run.h5"
+    )
+    assert code == 0
+    monkeypatch.chdir(tmp_path)
+    assert main(["plot", "run.h5"]) == 0 and (tmp_path / "run.png").stat().st_size > 10_000
+    titles = [ax.get_title().split(":")[0] for ax in figures[-1].axes if ax.get_title()]
+    assert titles == ["u", "residual", "f"]
