@@ -123,7 +123,11 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--nx", type=int, help="cells in x")
     p.add_argument("--ny", type=int, help="cells in y")
     p.add_argument("--nz", type=int, help="cells in z (makes the problem 3-D)")
-    p.add_argument("--n", type=int, help="cells in x and y (default 64)")
+    p.add_argument(
+        "--n",
+        type=int,
+        help="cells in x and y (default 64; sets both, except one given by --nx or --ny)",
+    )
     p.add_argument("--lx", type=float, help="domain length in x [m] (default 1, or from --rhs)")
     p.add_argument("--ly", type=float, help="domain length in y [m] (default 1, or from --rhs)")
     p.add_argument("--lz", type=float, help="domain length in z [m] (default 1, or from --rhs)")

@@ -586,7 +586,9 @@ def add_run_options(p: argparse.ArgumentParser, cases: list[str], default_case: 
     )
     p.add_argument("--nx", type=int, help="cells in x (default: the case's)")
     p.add_argument("--ny", type=int, help="cells in y (default: the case's)")
-    p.add_argument("--n", type=int, help="cells in x and y (sets both)")
+    p.add_argument(
+        "--n", type=int, help="cells in x and y (sets both, except one given by --nx or --ny)"
+    )
     p.add_argument("--t-end", dest="t_end", type=float, help="end time [s] (default: the case's)")
     p.add_argument("--dt", type=float, help="time step [s]; checked against the CFL limit")
     p.add_argument(

@@ -1257,3 +1257,19 @@ def test_a_yaml_or_json_config_is_told_that_config_files_are_toml(
     code, err = _error(capsys, ["shallow-water", "--config", str(toml)])
     assert code == 2 and "reads TOML only" not in err and "is not valid TOML" in err
     assert sorted(os.listdir(tmp_path)) == ["r.toml"]
+
+
+def test_n_help_says_that_nx_and_ny_win_over_it(tmp_path):
+    """--help said --n "sets both" nx and ny, but an --nx or --ny given with it wins for its
+    axis (docs/shallow_water.md); the help now says so, and that is what a run does."""
+    from physjax.cli import build_parser
+
+    parser = build_parser()
+    for command in ("shallow-water", "poisson"):
+        (n,) = [a for a in parser.commands[command]._actions if a.dest == "n"]
+        assert "sets both, except one given by --nx or --ny" in n.help
+    out = tmp_path / "o.h5"
+    argv = ["shallow-water", "--case", "gravity-wave", "--t-end", "600", "--quiet"]
+    assert main([*argv, "--n", "16", "--nx", "8", "--output", str(out)]) == 0
+    with h5py.File(out) as f:
+        assert f["h"].shape[1:] == (16, 8)
