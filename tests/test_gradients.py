@@ -967,3 +967,16 @@ def test_an_activation_closing_over_a_trained_slope_is_differentiated_with_batch
     expected = jax.grad(reference)(1.3)
     assert _rel(jax.grad(loss)(1.3), expected) < RTOL
     assert _rel(jax.jit(jax.grad(loss))(1.3), expected) < RTOL
+
+
+def test_a_complex_velocity_is_refused_not_cut_to_its_real_part():
+    """advection cast the velocity to the point's dtype: 1j * v gave (0 . grad) u = 0."""
+    model = _model("mlp", depth=1)
+    x = _points(1)[0]
+    ref = pg.advection(model, jnp.array([1.0, 2.0]), spatial=(0, 1))(x)
+    assert abs(float(ref)) > 1e-3
+    # integer velocities stay accepted and give the same numbers
+    assert _rel(pg.advection(model, jnp.array([1, 2]), spatial=(0, 1))(x), ref) < RTOL
+    for velocity in (jnp.array([1.0, 2.0]) * 1j, lambda y: jnp.array([1.0j, 2.0j])):
+        with pytest.raises(TypeError, match="velocity must be real.*complex128"):
+            pg.advection(model, velocity, spatial=(0, 1))(x)

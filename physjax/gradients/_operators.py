@@ -561,6 +561,9 @@ def advection(
                 f"velocity must have shape ({len(idx)},) (one entry per spatial coordinate), "
                 f"got {v.shape}."
             )
+        if not (jnp.issubdtype(v.dtype, jnp.floating) or jnp.issubdtype(v.dtype, jnp.integer)):
+            # a complex velocity lost its imaginary part in the cast to the point's dtype
+            raise TypeError(f"velocity must be real (a float or int array), got dtype {v.dtype}.")
         tangent = jnp.zeros_like(x).at[jnp.asarray(idx)].set(v.astype(x.dtype))
         out = jax.jvp(lambda y: jnp.reshape(fn(y), (-1,)), (x,), (tangent,))[1]
         if component is not None:
