@@ -980,3 +980,19 @@ def test_a_complex_velocity_is_refused_not_cut_to_its_real_part():
     for velocity in (jnp.array([1.0, 2.0]) * 1j, lambda y: jnp.array([1.0j, 2.0j])):
         with pytest.raises(TypeError, match="velocity must be real.*complex128"):
             pg.advection(model, velocity, spatial=(0, 1))(x)
+
+
+def test_an_activation_holding_arrays_is_refused_by_the_physjax_models():
+    """A physjax model's activation is static: a PReLU's slope got no gradient, silently."""
+    key = jax.random.key(0)
+    for cls in (pg.MLP, pg.FourierMLP, pg.ModifiedMLP):
+        with pytest.raises(ValueError, match="holds floating-point arrays.*never be trained"):
+            cls(2, "scalar", 6, 2, eqx.nn.PReLU(0.3), key=key)
+    # a plain function of the same activation is accepted and gives the PReLU's numbers
+    prelu = eqx.nn.PReLU(0.3)
+    model = pg.MLP(2, "scalar", 6, 2, lambda z: prelu(z), key=key, dtype=jnp.float64)
+    x = jnp.array([0.3, -0.2])
+    h = x
+    for lin in model.layers[:-1]:
+        h = jnp.where(lin(h) >= 0, lin(h), 0.3 * lin(h))
+    assert _rel(model(x), model.layers[-1](h)[0]) < 1e-14

@@ -26,6 +26,17 @@ _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
 
 def _resolve_activation(activation: str | Callable[[Array], Array]) -> Callable[[Array], Array]:
     if callable(activation):
+        if any(eqx.is_inexact_array(a) for a in jax.tree.leaves(activation)):
+            # The model keeps its activation as static configuration: arrays in it (a PReLU's
+            # slope) would get no gradient and never be trained, with no error.
+            raise ValueError(
+                f"activation {activation!r} holds floating-point arrays, but a physjax model "
+                "keeps its activation as static configuration, so they would never be "
+                "trained. For a trainable activation use equinox.nn.MLP (which trains "
+                "them), or build the model inside the jitted loss with an activation that "
+                "closes over the parameter (lambda z: jnp.tanh(a * z)); to keep them fixed, "
+                "pass a plain function (lambda z: act(z))."
+            )
         return activation
     if isinstance(activation, str) and activation in _ACTIVATIONS:
         return _ACTIVATIONS[activation]
