@@ -996,3 +996,19 @@ def test_an_activation_holding_arrays_is_refused_by_the_physjax_models():
     for lin in model.layers[:-1]:
         h = jnp.where(lin(h) >= 0, lin(h), 0.3 * lin(h))
     assert _rel(model(x), model.layers[-1](h)[0]) < 1e-14
+
+
+def test_pinn_benchmark_reports_the_median_of_an_even_number_of_repeats(monkeypatch):
+    """benchmarks/pinn_laplacian.py took times[n // 2]: of 2 repeats (--quick), the slower."""
+    import importlib.util
+    import pathlib
+    import types
+
+    path = pathlib.Path(__file__).parents[1] / "benchmarks" / "pinn_laplacian.py"
+    spec = importlib.util.spec_from_file_location("pinn_laplacian_benchmark", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    clock = iter([0.0, 1.0, 10.0, 13.0])  # two timed steps of 1 s and 3 s
+    monkeypatch.setattr(bench, "time", types.SimpleNamespace(perf_counter=lambda: next(clock)))
+    result = bench._child("physjax", 1, 2, 4, 4, 2, "float32")
+    assert result["time_s"] == pytest.approx(2.0)
