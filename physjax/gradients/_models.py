@@ -24,7 +24,43 @@ _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
 }
 
 
-def _resolve_activation(activation: str | Callable[[Array], Array]) -> Callable[[Array], Array]:
+def _check_elementwise(activation: Callable[[Array], Array], dtype) -> None:
+    """Refuse an activation that mixes the entries of its input (softmax, a normalisation).
+
+    The forward-Laplacian layer rule takes the activation's derivatives entry by entry, so a
+    function that mixes entries gave wrong (and, per point and batched, different) second
+    derivatives with no error. Checked on a concrete probe: the whole vector against each
+    entry alone. An activation that closes over a traced value (made inside a ``jit``) or
+    cannot be evaluated on the probe is not checked here.
+    """
+    try:
+        with jax.ensure_compile_time_eval():
+            probe = jnp.asarray(np.array([-1.3, 0.4, 2.1]), dtype)
+            whole = jnp.asarray(activation(probe))
+            alone = [jnp.asarray(activation(probe[i : i + 1])) for i in range(probe.shape[0])]
+            if isinstance(whole, jax.core.Tracer) or any(
+                isinstance(a, jax.core.Tracer) for a in alone
+            ):
+                return
+            whole = np.asarray(whole, np.float64)
+            alone = [np.asarray(a, np.float64) for a in alone]
+    except Exception:  # noqa: BLE001 - not checkable on the probe; used as given
+        return
+    tol = float(np.sqrt(jnp.finfo(probe.dtype).eps))
+    if whole.shape != probe.shape or any(a.shape != (1,) for a in alone):
+        return  # shaped for the layer's width (e.g. per-unit constants): not checkable here
+    if not np.allclose(whole, np.concatenate(alone), rtol=tol, atol=tol):
+        raise ValueError(
+            f"activation {activation!r} is not elementwise: applied to a vector it does not "
+            "give its value at each entry alone (as softmax or a normalisation would not). "
+            "The forward Laplacian differentiates the activation entry by entry, so its "
+            "second derivatives would be wrong; pass an elementwise function."
+        )
+
+
+def _resolve_activation(
+    activation: str | Callable[[Array], Array], dtype=None
+) -> Callable[[Array], Array]:
     if callable(activation):
         if any(eqx.is_inexact_array(a) for a in jax.tree.leaves(activation)):
             # The model keeps its activation as static configuration: arrays in it (a PReLU's
@@ -37,6 +73,7 @@ def _resolve_activation(activation: str | Callable[[Array], Array]) -> Callable[
                 "closes over the parameter (lambda z: jnp.tanh(a * z)); to keep them fixed, "
                 "pass a plain function (lambda z: act(z))."
             )
+        _check_elementwise(activation, dtype)
         return activation
     if isinstance(activation, str) and activation in _ACTIVATIONS:
         return _ACTIVATIONS[activation]
@@ -219,7 +256,7 @@ class MLP(AbstractNeuralField):
         dtype = _check_dtype(dtype)
         m = 1 if out_size == "scalar" else out_size
         self.layers = _init_linears([in_size] + [width] * depth + [m], key, dtype)
-        self.activation = _resolve_activation(activation)
+        self.activation = _resolve_activation(activation, dtype)
         self.in_size = in_size
         self.out_size = out_size
 
@@ -348,7 +385,7 @@ class ModifiedMLP(AbstractNeuralField):
         self.encoder_u = eqx.nn.Linear(in_size, width, key=ku, dtype=dtype)
         self.encoder_v = eqx.nn.Linear(in_size, width, key=kv, dtype=dtype)
         self.layers = _init_linears([in_size] + [width] * depth + [m], kl, dtype)
-        self.activation = _resolve_activation(activation)
+        self.activation = _resolve_activation(activation, dtype)
         self.in_size = in_size
         self.out_size = out_size
 
