@@ -1184,6 +1184,36 @@ def test_coefficient_and_shift_beyond_a_float32_grids_range_are_refused_by_name(
     PoissonSolver(_grid((16, 16), False), "dirichlet", "cg", coefficient=1e39, shift=1e-50)
 
 
+def test_subnormal_coefficient_and_shift_are_refused_with_the_value_given():
+    """A coefficient or shift > 0 below the dtype's smallest normal number (1e-310 in
+    float64, 1e-40 in float32) is flushed to zero by XLA: a float64 1e-310 was accepted and
+    the solve of a = 1e-310 with f = 1e-310 returned u = 0 as converged; a float32 1e-40
+    given as a number was refused as "got min 0". Both are refused now, with the value."""
+    g64 = _grid((16, 16), False)
+    g32 = Grid((16, 16), (1.0, 1.0), periodic=False, dtype="float32")
+    below = r"value\(s\) below the smallest normal (float64|float32) number"
+    for grid, tiny in ((g64, 1e-310), (g32, np.float32(1e-40))):
+        field = np.full(grid.shape, tiny, dtype=grid.dtype)
+        for a in (field, jnp.asarray(field)):
+            with pytest.raises(
+                ValueError, match=rf"^coefficient has 256 {below} .*min 1e-(310|40)\)"
+            ):
+                PoissonSolver(grid, "dirichlet", "cg", coefficient=a)
+        with pytest.raises(ValueError, match=r"^shift .*min 1e-(310|40)\)"):
+            PoissonSolver(grid, "dirichlet", "spectral", shift=np.asarray(tiny, grid.dtype))
+    with pytest.raises(ValueError, match=rf"^coefficient has 256 {below} 2.23e-308 \(min 1e-310\)"):
+        PoissonSolver(g64, "dirichlet", "cg", coefficient=1e-310)
+    # a Python number on a float32 grid: outside its normal range, as given (not "min 0")
+    for name, kw in (("coefficient", {"coefficient": 1e-40}), ("shift", {"shift": 1e-40})):
+        with pytest.raises(
+            ValueError, match=rf"^{name} .*float32 \(1.18e-38 to .*given from 1e-40"
+        ):
+            PoissonSolver(g32, "dirichlet", "cg", **kw)
+    # the smallest normal numbers are still taken
+    PoissonSolver(g64, "dirichlet", "cg", coefficient=3e-308, shift=3e-308)
+    PoissonSolver(g32, "dirichlet", "cg", coefficient=np.float32(2e-38), shift=np.float32(2e-38))
+
+
 def test_nan_in_a_numpy_f_is_refused_before_the_solve():
     """NaN/Inf in an f given as a NumPy array (or a list) of a problem with Dirichlet walls
     went to the compiled solve: spectral returned NaN without a word, multigrid and cg

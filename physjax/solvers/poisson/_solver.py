@@ -306,6 +306,7 @@ class PoissonSolver(eqx.Module):
                 )
             if is_concrete(coefficient):
                 a = np.asarray(coefficient)
+                _check_normal(a, "coefficient")
                 if not np.all(np.isfinite(a)) or not np.all(a > 0):
                     raise ValueError(
                         f"coefficient must be finite and > 0 everywhere, got {_least(a)}"
@@ -1063,19 +1064,37 @@ def _check_positive_in_range(value, name: str, dtype) -> None:
         return
     if values.dtype.kind != "f" or values.dtype.itemsize <= np.dtype(dtype).itemsize:
         return
+    info = np.finfo(dtype)
     with np.errstate(over="ignore", under="ignore", invalid="ignore"):
         cast = values.astype(dtype)
         given = np.isfinite(values) & (values > 0)
-        lost = given & ~(np.isfinite(cast) & (cast > 0))
+        # a subnormal value (below the smallest normal number) is flushed to zero by XLA
+        lost = given & ~(np.isfinite(cast) & (cast >= info.tiny))
     if np.any(lost):
-        info = np.finfo(dtype)
         held = values[given]
         raise ValueError(
             f"{name} has {int(np.sum(lost))} value(s) outside the range of the grid's "
-            f"{np.dtype(dtype).name} ({float(info.smallest_subnormal):.3g} to "
+            f"{np.dtype(dtype).name} ({float(info.tiny):.3g} to "
             f"{float(info.max):.3g}; given from {float(held.min()):.3g} to "
-            f"{float(held.max()):.3g}), which the cast would make 0 or Inf; scale the "
-            "problem (other units) or use a float64 grid"
+            f"{float(held.max()):.3g}), which the cast would make Inf, or 0 (a subnormal "
+            "number, which XLA flushes to zero); scale the problem (other units) or use a "
+            "float64 grid"
+        )
+
+
+def _check_normal(values: np.ndarray, name: str) -> None:
+    """Refuse values > 0 below the smallest normal number of their dtype (1e-310 in
+    float64, 1e-40 in float32): XLA flushes such subnormal numbers to zero, so the solve
+    took the coefficient (or shift) as 0 (with a subnormal f too, u = 0 was returned as
+    converged); the message gives the value as given, not the 0 it would become."""
+    info = np.finfo(values.dtype)
+    tiny = (values > 0) & (values < info.tiny)
+    if np.any(tiny):
+        least = float(values[tiny].min())
+        raise ValueError(
+            f"{name} has {int(np.sum(tiny))} value(s) below the smallest normal "
+            f"{values.dtype.name} number {float(info.tiny):.3g} (min {least:.3g}): "
+            "XLA flushes such subnormal numbers to zero; scale the problem (other units)"
         )
 
 
@@ -1194,6 +1213,7 @@ def _check_shift(shift: Any, grid: Grid, method: str, mesh: Mesh | None) -> jax.
         )
     if is_concrete(shift):
         c = np.asarray(shift)
+        _check_normal(c, "shift")
         if not np.all(np.isfinite(c)) or not np.all(c > 0):
             raise ValueError(f"{_SHIFT_NOT_POSITIVE}, got {_least(c)}")
         # split like the grid (a field) or replicated (a scalar) once, here
