@@ -1184,6 +1184,25 @@ def test_coefficient_and_shift_beyond_a_float32_grids_range_are_refused_by_name(
     PoissonSolver(_grid((16, 16), False), "dirichlet", "cg", coefficient=1e39, shift=1e-50)
 
 
+def test_bc_mapping_with_index_keys_is_refused_naming_the_axes():
+    """bc as a mapping takes axis names: an index key was reported as an unknown axis, and
+    a mix of names and indices ({"w": …, 0: …}) stopped in sorted() with "'<' not
+    supported between instances of 'str' and 'int'". Indices are refused as such now,
+    with the axis each would be."""
+    grid = Grid((16, 16), (1.0, 1.0), periodic=(False, True), dtype="float32")
+    with pytest.raises(
+        ValueError,
+        match=r"^bc's keys are axis names \('y', 'x'\), not indices: got \[0\] "
+        r"\(in grid order: 0 -> 'y'\)$",
+    ):
+        PoissonSolver(grid, {"x": "periodic", 0: "dirichlet"})
+    with pytest.raises(ValueError, match=r"not indices: got \[0, 5\] \(in grid order: 0 -> 'y'\)$"):
+        PoissonSolver(grid, {"w": "periodic", 0: "dirichlet", np.int64(5): "neumann"})
+    with pytest.raises(ValueError, match=r"^bc has entries for unknown axes \['w'\]"):
+        PoissonSolver(grid, {"w": "periodic", "y": "neumann"})
+    assert PoissonSolver(grid, {"y": "neumann", "x": "periodic"}).bc == ("neumann", "periodic")
+
+
 def test_subnormal_coefficient_and_shift_are_refused_with_the_value_given():
     """A coefficient or shift > 0 below the dtype's smallest normal number (1e-310 in
     float64, 1e-40 in float32) is flushed to zero by XLA: a float64 1e-310 was accepted and

@@ -59,9 +59,24 @@ def normalise_bc(bc: Any, grid: Grid) -> tuple[str, ...]:
             # One wall condition for every walled axis; periodic axes stay periodic.
             out = tuple("periodic" if p else bc for p in grid.periodic)
     elif isinstance(bc, Mapping):
-        unknown = set(bc) - set(names)
+        # keys are axis names: an index (0, or np.int64(1)) is refused as such, naming the
+        # axis it would be (sorting a mix of str and int keys stopped with a TypeError)
+        indices = [
+            int(k) for k in bc if isinstance(k, (int, np.integer)) and not isinstance(k, bool)
+        ]
+        if indices:
+            meant = ", ".join(
+                f"{k!r} -> {names[k]!r}" for k in indices if -len(names) <= k < len(names)
+            )
+            raise ValueError(
+                f"bc's keys are axis names {names}, not indices: got {indices}"
+                + (f" (in grid order: {meant})" if meant else "")
+            )
+        unknown = [k for k in bc if k not in names]
         if unknown:
-            raise ValueError(f"bc has entries for unknown axes {sorted(unknown)}; axes are {names}")
+            raise ValueError(
+                f"bc has entries for unknown axes {sorted(unknown, key=repr)}; axes are {names}"
+            )
         out = tuple(
             bc.get(n, "periodic" if p else "dirichlet") for n, p in zip(names, grid.periodic)
         )
