@@ -1184,6 +1184,27 @@ def test_coefficient_and_shift_beyond_a_float32_grids_range_are_refused_by_name(
     PoissonSolver(_grid((16, 16), False), "dirichlet", "cg", coefficient=1e39, shift=1e-50)
 
 
+def test_jax_jit_of_a_solver_holding_arrays_says_what_to_use():
+    """jax.jit(solver) hashes the solver: one holding arrays (cg's coarse inverse, a
+    coefficient) stopped with "unhashable type: 'jaxlib._jax.ArrayImpl'". The TypeError now
+    names the solver and the ways that work, which give the solver's own u."""
+    grid = _grid((16, 16), False)
+    f = jnp.asarray(np.random.default_rng(3).normal(size=grid.shape))
+    solver = PoissonSolver(grid, "dirichlet", "cg", coefficient=jnp.full(grid.shape, 2.0))
+    with pytest.raises(
+        TypeError,
+        match=r"^a PoissonSolver holding arrays \(coefficient\) is not "
+        r"hashable, so it cannot be the function given to jax.jit .*eqx.filter_jit\(solver\)",
+    ):
+        jax.jit(solver)(f)
+    u = solver(f)
+    assert float(jnp.max(jnp.abs(eqx.filter_jit(solver)(f) - u))) == 0.0
+    assert float(jnp.max(jnp.abs(jax.jit(lambda s, x: s(x))(solver, f) - u))) == 0.0
+    spectral = PoissonSolver(grid, "dirichlet")  # no arrays: hashable, jax.jit takes it
+    assert hash(spectral) == hash(PoissonSolver(grid, "dirichlet"))
+    np.testing.assert_allclose(jax.jit(spectral)(f), spectral(f), rtol=0, atol=1e-15)
+
+
 def test_bc_mapping_with_index_keys_is_refused_naming_the_axes():
     """bc as a mapping takes axis names: an index key was reported as an unknown axis, and
     a mix of names and indices ({"w": …, 0: …}) stopped in sorted() with "'<' not

@@ -410,6 +410,26 @@ class PoissonSolver(eqx.Module):
             # kept beside it: a shift edited later (eqx.tree_at) needs another inverse
             self.coarse_shift = self.shift
 
+    def __hash__(self) -> int:
+        # jax.jit(solver) hashes the function it is given: a solver holding arrays (a
+        # coefficient, a shift, the coarse-level inverse of multigrid/cg) stopped with
+        # "unhashable type: 'jaxlib._jax.ArrayImpl'", which named neither the solver nor
+        # what to do instead.
+        try:
+            return super().__hash__()
+        except TypeError:
+            held = [
+                name
+                for name in ("coefficient", "shift", "coarse_inverse")
+                if getattr(self, name) is not None
+            ]
+            raise TypeError(
+                f"a PoissonSolver holding arrays ({', '.join(held)}) is not hashable, so it "
+                "cannot be the function given to jax.jit (which hashes it): use "
+                "eqx.filter_jit(solver), or jax.jit of a function that takes the solver as "
+                "an argument, e.g. jax.jit(lambda solver, f: solver(f))(solver, f)"
+            ) from None
+
     # ---------------------------------------------------------------- helpers
     @property
     def singular(self) -> bool:
