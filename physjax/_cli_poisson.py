@@ -186,11 +186,8 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     settings = resolve_settings(args, POISSON_KEYS, parameters=False)
     settings.pop("parameters", None)
     settings["case_given"] = "case" in settings
-    # the iterative solvers' stopping rule, given (before its defaults): a spectral solve,
-    # direct, takes none and says so
-    settings["stopping_given"] = [
-        f"--{k.replace('_', '-')}" for k in ("rtol", "max_iterations") if k in settings
-    ]
+    # the stopping rule of the iterative methods, as given (command line or config file)
+    settings["iteration_options"] = [k for k in ("rtol", "max_iterations") if k in settings]
     for key, value in DEFAULTS.items():
         if key != "n":
             settings.setdefault(key, value)
@@ -886,13 +883,13 @@ def _run(args, held: contextlib.ExitStack) -> int:
         raise ValueError(
             "--method spectral needs a constant coefficient; use --method cg or multigrid"
         )
-
-    if method == "spectral" and s["stopping_given"]:
-        given = " and ".join(s["stopping_given"])
-        _note(
-            f"physjax poisson: note: {given} {'has' if len(s['stopping_given']) == 1 else 'have'}"
-            f" no effect with --method spectral, a direct solve (the stopping rule of "
-            f"--method multigrid and cg)"
+    if method == "spectral" and s["iteration_options"]:
+        # a direct solve has no stopping rule: the options were ignored without a word
+        given = " and ".join(f"--{k.replace('_', '-')}" for k in s["iteration_options"])
+        which = "--method spectral" if s.get("method") else "the method is spectral (the default)"
+        raise ValueError(
+            f"{given} given, but {which}, a direct solve with no iterations to stop; "
+            "they apply to --method multigrid or cg"
         )
 
     output = s["output"]

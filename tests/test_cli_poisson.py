@@ -347,6 +347,20 @@ def test_config_file_and_precedence(tmp_path):
         assert 1e-10 < ds.attrs["residual_norm"] <= 1e-6  # stopped at the looser tolerance
 
 
+def test_iteration_options_of_a_config_are_refused_with_spectral(tmp_path, capsys):
+    """max_iterations in a --config file was ignored by the spectral method without a word,
+    as --rtol and --max-iterations were on the command line; with multigrid it applies."""
+    cfg = tmp_path / "p.toml"
+    cfg.write_text("n = 16\nmethod = 'spectral'\nmax_iterations = 5\n")
+    code, out = _poisson(tmp_path, "--config", str(cfg))
+    assert code == 2 and not out.exists()
+    assert "--max-iterations given, but --method spectral" in capsys.readouterr().err
+    code, out = _poisson(tmp_path, "--config", str(cfg), "--method", "multigrid")
+    assert code == 0
+    with xr.open_dataset(out) as ds:
+        assert json.loads(ds.attrs["configuration"])["max_iterations"] == 5
+
+
 @pytest.mark.parametrize("k, iterations", [(1, "1 iteration"), (2, "2 iterations")])
 def test_not_converged_is_reported_and_the_file_kept(tmp_path, capsys, k, iterations):
     code, out = _poisson(
@@ -646,6 +660,15 @@ def rhs_file(tmp_path):
         (["--shift", "0"], "--shift must be a finite number > 0, got 0.0"),
         (["--shift", "nan"], "--shift must be a finite number > 0, got nan"),
         (["--max-iterations", "0"], "--max-iterations must be a positive integer"),
+        (  # options of the iterative methods were ignored by spectral without a word
+            ["--method", "spectral", "--rtol", "1e-3"],
+            "--rtol given, but --method spectral, a direct solve with no iterations to stop; "
+            "they apply to --method multigrid or cg",
+        ),
+        (
+            ["--max-iterations", "5", "--rtol", "1e-3"],
+            "--rtol and --max-iterations given, but the method is spectral (the default)",
+        ),
         (  # an OverflowError traceback from the compiled float32 solve (exit status 1)
             ["--max-iterations", "3000000000", "--precision", "float32", "--method", "cg"],
             "--max-iterations must be at most 2147483647 (2**31 - 1), got 3000000000",
@@ -1515,29 +1538,24 @@ def test_rhs_of_a_run_without_a_whole_frame_says_why(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == ["w.h5"]
 
 
-def test_a_stopping_rule_given_to_a_spectral_solve_gets_a_note(tmp_path, capsys):
+def test_a_stopping_rule_given_to_a_spectral_solve_is_refused(tmp_path, capsys):
     """--rtol and --max-iterations, the stopping rule of multigrid and cg, were taken in
-    silence by a spectral solve (direct), as if they had been applied; they now get a note
-    naming them, from the command line and the config file alike (and none for cg)."""
+    silence by a spectral solve (direct), as if they had been applied; from the command line
+    and the config file alike they are now refused by name (and taken by cg)."""
     cfg = tmp_path / "c.toml"
     cfg.write_text("max_iterations = 5\n")
-    note = "physjax poisson: note: {} no effect with --method spectral, a direct solve"
+    refusal = "{} given, but the method is spectral (the default), a direct solve"
     for extra, says in (
-        (["--rtol", "1e-3"], "--rtol has"),
-        (["--config", str(cfg), "--rtol", "1e-3"], "--rtol and --max-iterations have"),
-        (["--config", str(cfg)], "--max-iterations has"),
+        (["--rtol", "1e-3"], "--rtol"),
+        (["--config", str(cfg), "--rtol", "1e-3"], "--rtol and --max-iterations"),
+        (["--config", str(cfg)], "--max-iterations"),
         (["--config", str(cfg), "--method", "cg"], None),
         ([], None),
     ):
         code, _ = _poisson(tmp_path, "--n", "8", "--overwrite", *extra)
         err = capsys.readouterr().err
-        assert code == 0
-        notes = [line for line in err.splitlines() if "no effect" in line]
-        assert notes == (
-            []
-            if says is None
-            else [note.format(says) + " (the stopping rule of --method multigrid and cg)"]
-        ), err
+        assert code == (0 if says is None else 2), (extra, err)
+        assert (refusal.format(says) in err) if says else "direct solve" not in err, err
 
 
 def test_plot_help_texts_say_what_is_drawn_and_where(tmp_path, monkeypatch):
