@@ -1063,6 +1063,34 @@ def test_a_float32_spectral_solution_with_a_residual_above_f_is_converged():
     assert bool(sol.converged)
 
 
+def test_float32_iterations_that_run_out_on_very_flat_cells_are_not_converged():
+    """float32 on cells 1e4 (1e6) times wider than high: the round-off allowance of the
+    convergence test, eps ‖|A| |u|‖, exceeds ‖f‖ there, and an iteration that ran all its
+    max_iterations, u still changing, was reported converged: multigrid with u 0.3% (1e4)
+    or 100% (1e6) off, CG with u 56% off (1e6). The allowance now counts only for an
+    iteration that ended within max_iterations; CG at 1e4, which does, is still converged."""
+    bc, rng = ("periodic", "neumann"), np.random.default_rng(0)
+    f = rng.standard_normal((32, 32)).astype(np.float32).astype(np.float64)
+    f -= f.mean()
+    for ratio, method, converged in (
+        (1e4, "multigrid", False),
+        (1e4, "cg", True),
+        (1e6, "cg", False),
+    ):
+        extent = (32 * ratio**0.5, 32 / ratio**0.5)  # dy / dx = ratio
+        exact = PoissonSolver(_grid((32, 32), (True, False), extent), bc, "spectral")(f)
+        grid = Grid((32, 32), extent, periodic=(True, False), dtype="float32")
+        solver = PoissonSolver(grid, bc, method, throw=False)
+        sol = solver.solve(f.astype(np.float32))
+        assert bool(sol.converged) == converged, (ratio, method)
+        if converged:
+            assert int(sol.iterations) < 100 and _rel(sol.u, exact) < 1e-4
+        else:
+            assert int(sol.iterations) == 100 and _rel(sol.u, exact) > 1e-3
+            with pytest.raises(RuntimeError, match="did not converge"):
+                PoissonSolver(grid, bc, method)(f.astype(np.float32))
+
+
 def test_non_finite_results_are_never_converged():
     """A diverging cycle or NaN in f used to pass the convergence test (inf ≤ inf)."""
     grid = _grid((32, 32), False)
