@@ -1212,6 +1212,26 @@ def test_coefficient_and_shift_beyond_a_float32_grids_range_are_refused_by_name(
     PoissonSolver(_grid((16, 16), False), "dirichlet", "cg", coefficient=1e39, shift=1e-50)
 
 
+@pytest.mark.parametrize("method", ["multigrid", "cg"])
+def test_an_odd_periodic_axis_is_refused_saying_it_is_periodic(method):
+    """One axis of odd size is relaxed by lines when it has walls (128×97: solved), but a
+    periodic one is refused; the message said only "nx=97 cannot be halved", as if any
+    odd axis were refused. It now says that walls would be taken and that nx is periodic."""
+    f = np.random.default_rng(2).normal(size=(128, 97))
+    walled = PoissonSolver(_grid((128, 97), False), "dirichlet", method).solve(f)
+    assert bool(walled.converged) and float(walled.residual_norm) <= 1e-10
+    with pytest.raises(
+        ValueError,
+        match=r"\(nx=97 cannot be halved\), more than max_coarse=1024 cells; one such axis "
+        r"with walls would be relaxed by lines instead, but nx is periodic; use sizes",
+    ):
+        PoissonSolver(_grid((128, 97), (False, True)), ("dirichlet", "periodic"), method)
+    with pytest.raises(
+        ValueError, match=r"\(ny=97, nx=97 cannot be halved\), more than max_coarse=1024 cells; use"
+    ):
+        PoissonSolver(_grid((97, 97), True), "periodic", method)
+
+
 def test_jax_jit_of_a_solver_holding_arrays_says_what_to_use():
     """jax.jit(solver) hashes the solver: one holding arrays (cg's coarse inverse, a
     coefficient) stopped with "unhashable type: 'jaxlib._jax.ArrayImpl'". The TypeError now

@@ -384,14 +384,23 @@ class PoissonSolver(eqx.Module):
             )
         if levels is None:
             names = grid.axis_names
-            short = [f"n{names[a]}={n}" for a, n in enumerate(stop.shape) if n % 2 or n < 4]
+            stops = [a for a, n in enumerate(stop.shape) if n % 2 or n < 4]
+            short = [f"n{names[a]}={stop.shape[a]}" for a in stops]
+            # one such axis with walls would be relaxed by lines (128×97 walled is solved):
+            # a periodic one is refused, and the message said nothing of why that differs
+            periodic = (
+                f"; one such axis with walls would be relaxed by lines instead, but "
+                f"n{names[stops[0]]} is periodic"
+                if len(stops) == 1 and grid.periodic[stops[0]]
+                else ""
+            )
             raise ValueError(
                 f"multigrid cannot coarsen grid.shape={grid.shape}: the finely spaced axes "
                 f"(every axis of an isotropic grid) are halved together while each stays "
                 f"even and ≥ 4, which stops at a level of shape {stop.shape} "
                 f"({', '.join(short) or 'its sizes'} cannot be halved), more than "
-                f"max_coarse={max_coarse} cells; use sizes c·2^k with a small c (e.g. 96, "
-                f"128, 160) and enough cells along the shortest axis, or "
+                f"max_coarse={max_coarse} cells{periodic}; use sizes c·2^k with a small c "
+                f"(e.g. 96, 128, 160) and enough cells along the shortest axis, or "
                 f"method='spectral'"
             )
         self.levels = levels
