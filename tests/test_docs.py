@@ -565,3 +565,40 @@ def test_ab_benchmark_counts_no_strips_as_a_plain_step(tmp_path):
     lines = {line.split()[0]: line for line in done.stdout.splitlines() if "best" in line}
     assert "fusions/step" not in lines["64:float32:auto:auto"], done.stdout
     assert "fusions/step" in lines["64:float32:0:auto"], done.stdout
+
+
+_SW_NUMPY_CHECK = r"""
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("sw_bench", sys.argv[1])
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+_, err = bench.bench_numpy(16, "float64", min_steps=1)  # the real baseline: round-off
+print("agrees:", err)
+original = bench.sw_numpy.ssprk3
+
+
+def other_scheme(h, u, v, dt, **kw):  # the same code with gravity 1% off
+    return original(h, u, v, dt, **{**kw, "g": 1.01 * kw["g"]})
+
+
+bench.sw_numpy.ssprk3 = other_scheme
+try:
+    bench.bench_numpy(16, "float64", min_steps=1)
+except RuntimeError as e:
+    print("refused:", e)
+"""
+
+
+def test_shallow_water_benchmark_refuses_a_numpy_baseline_that_computes_something_else(
+    tmp_path,
+):
+    """docs/benchmarks.md says the NumPy baseline's first step is checked against physjax's;
+    the script only recorded the difference in the JSON (not in the table), so a baseline
+    whose scheme had drifted from physjax's was timed and its speed-up reported all the
+    same. It now stops, naming the difference, when that exceeds a few ulps."""
+    done = _run_snippet(_SW_NUMPY_CHECK, tmp_path, str(ROOT / "benchmarks" / "shallow_water.py"))
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "agrees:" in done.stdout
+    assert float(done.stdout.split("agrees:")[1].split()[0]) < 1e-15
+    assert "refused:" in done.stdout, done.stdout
+    assert "sw_numpy.py" in done.stdout.split("refused:")[1]
