@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import re
@@ -58,7 +59,8 @@ def _timeit(fn, min_time=1.0, repeats=3):
     t0 = time.perf_counter()
     fn()
     one = time.perf_counter() - t0
-    reps = max(1, int(min_time / max(one, 1e-9)))
+    # rounded up: each repeat lasts at least min_time (int() gave one 0.6-s call for 1 s)
+    reps = max(1, math.ceil(min_time / max(one, 1e-9)))
     out = []
     for _ in range(repeats):
         t0 = time.perf_counter()
