@@ -1141,6 +1141,43 @@ def test_solve_diffrax_throw_false_returns_a_failed_solve_with_its_result(adjust
         m.solve_diffrax(s, 0.0, T, throw="no")
 
 
+def test_solve_diffrax_with_constant_steps_that_blow_up_raises(adjust):
+    """With ``diffrax.ConstantStepSize()`` and a ``dt0`` far above the stable step, the state
+    overflowed to NaN and came back as a successful solution (``run`` refuses such a
+    ``dt``); it now raises, naming the time of the first bad frame and the stable step.
+    Stable constant steps, and frames saved at every step (padded with ``inf``), pass."""
+    m, s, dt = adjust
+    const = diffrax.ConstantStepSize()
+    T = 600 * dt
+    with pytest.raises(RuntimeError, match=r"^solve_diffrax blew up: the state saved at t = "):
+        m.solve_diffrax(s, 0.0, T, stepsize_controller=const, dt0=6 * dt)
+    with pytest.raises(RuntimeError, match=r"max_stable_dt\(state\), is "):
+        m.solve_diffrax(
+            s, 0.0, T, stepsize_controller=const, dt0=6 * dt, saveat=diffrax.SaveAt(ts=[T / 2, T])
+        )
+    with pytest.raises(RuntimeError, match=r"^solve_diffrax blew up"):  # saving fn(y) only
+        m.solve_diffrax(
+            s,
+            0.0,
+            T,
+            stepsize_controller=const,
+            dt0=6 * dt,
+            saveat=diffrax.SaveAt(
+                subs=[
+                    diffrax.SubSaveAt(ts=[T / 2], fn=lambda t, y, a: y.h.max()),
+                    diffrax.SubSaveAt(t1=True),
+                ]
+            ),
+        )
+    kept = m.solve_diffrax(s, 0.0, T, stepsize_controller=const, dt0=6 * dt, throw=False)
+    assert not np.isfinite(np.asarray(kept.ys.h)).all()
+    ok = m.solve_diffrax(
+        s, 0.0, 20 * dt, stepsize_controller=const, dt0=dt, saveat=diffrax.SaveAt(steps=True)
+    )
+    assert ok.ys.h.shape[0] == 4096 and np.isinf(np.asarray(ok.ys.h[-1])).all()
+    assert np.isfinite(np.asarray(ok.ys.h[:20])).all()
+
+
 def test_solve_diffrax_refuses_save_times_outside_the_span_before_compiling(adjust):
     """``SaveAt(ts=...)`` outside ``[t0, t1]`` or out of order was refused by diffrax only
     once the solve ran (an EquinoxRuntimeError after compiling, not naming the times); it is

@@ -1055,6 +1055,11 @@ class ShallowWater(eqx.Module):
         ``saveat=diffrax.SaveAt(ts=...)`` (within ``[t0, t1]``, in order) are checked first.
         A solve that reaches ``max_steps`` raises diffrax's error; with ``throw=False`` it
         returns, ``sol.result`` saying how it ended and the frames it did not reach ``inf``.
+        ``dt0`` is not checked against a stability limit (that depends on the diffrax solver);
+        a solve that diffrax reports successful but whose saved states hold NaN/Inf — constant
+        steps (``diffrax.ConstantStepSize()``) above the solver's limit, which nothing rejects
+        — raises a ``RuntimeError`` naming the time of the first such frame and
+        ``max_stable_dt`` (unless ``throw=False``, or while the solution is traced).
         """
         unknown = sorted(set(kwargs) - _DIFFRAX_OPTIONS)
         if unknown:
@@ -1109,7 +1114,49 @@ class ShallowWater(eqx.Module):
             sol = eqx.tree_at(lambda s: s.ys, sol, shard(sol.ys, self.grid, mesh))
         if split and throw:
             sol = _raise_on_mesh(sol, self.grid, mesh)
+        if throw:
+            self._raise_if_blew_up(sol, state, kwargs)
         return sol
+
+    def _raise_if_blew_up(self, sol: diffrax.Solution, state, kwargs) -> None:
+        """Raise when a solve that diffrax reports successful saved NaN/Inf (frames it did
+        not reach, padded with ``ts = inf``, aside): with ``diffrax.ConstantStepSize()`` and a
+        ``dt0`` above the solver's stability limit the state overflowed to NaN and came back
+        as a successful solution, where ``run`` refuses such a ``dt``. Skipped while traced."""
+        if sol.ys is None or sol.ts is None:
+            return
+        times, tree = jax.tree.flatten(sol.ts)
+        frames = tree.flatten_up_to(sol.ys)  # one tree of saved values per SubSaveAt
+        arrays = jax.tree.leaves(eqx.filter((sol.ts, sol.ys, sol.result), eqx.is_array))
+        if not all(is_concrete(a) for a in arrays) or not bool(diffrax.is_okay(sol.result)):
+            return
+        for ts, ys in zip(times, frames):
+            n = ts.shape[0]
+            bad = jnp.zeros((n,), bool)
+            for leaf in jax.tree.leaves(ys):
+                if jnp.issubdtype(leaf.dtype, jnp.inexact) and leaf.shape[:1] == (n,):
+                    bad = bad | ~jnp.isfinite(leaf).reshape(n, -1).all(axis=1)
+            bad = np.asarray(bad & jnp.isfinite(ts))
+            if not bad.any():
+                continue
+            k = int(np.argmax(bad))
+            dt0 = kwargs.get("dt0")
+            controller = kwargs.get("stepsize_controller")
+            solver = type(kwargs.get("solver") or diffrax.Tsit5()).__name__
+            hint = (
+                f"with stepsize_controller={type(controller).__name__}() the steps are not "
+                f"checked, and dt0={float(dt0)!r} s is likely above the stability limit of "
+                f"the {solver} solver (the model's own {self.scheme} scheme's limit, "
+                f"max_stable_dt(state), is {self.max_stable_dt(state):.4g} s): lower dt0, or "
+                f"leave stepsize_controller out for adaptive steps, which reject such steps"
+                if isinstance(controller, diffrax.ConstantStepSize) and dt0 is not None
+                else "lower the step size or the tolerances"
+            )
+            raise RuntimeError(
+                f"solve_diffrax blew up: the state saved at t = {float(ts[k]):.6g} s (frame "
+                f"{k} of {n}) holds NaN/Inf although diffrax reported success; {hint} "
+                f"(throw=False returns the solution as it is)"
+            )
 
 
 def _check_saveat_ts(saveat, t0: np.ndarray, t1: np.ndarray) -> None:
