@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from scipy.integrate import solve_ivp
 
-from physjax.solvers import SCHEMES, advance, integrate
+from physjax.solvers import SCHEMES, advance, integrate, integrate_diffrax
 
 A = np.array([[-0.1, 2.0, 0.0], [-2.0, -0.1, 0.5], [0.0, -0.5, -0.3]])
 
@@ -38,3 +38,24 @@ def test_fixed_step_schemes_converge_at_their_order(name):
     # frames every save_every steps are the states of the same steps taken in one go
     frames = integrate(lambda y, t, dt: step(_rhs, y, t, dt), {"a": y0}, t0, span / 40, 4, 10)
     np.testing.assert_allclose(frames["a"][-1], run(40)["a"], rtol=0, atol=1e-14)
+
+
+def test_integrate_diffrax_names_a_right_hand_side_of_the_wrong_dtype_or_shape():
+    """A float64 parameter in ``args`` for a float32 state (x64 on) made diffrax fail deep in
+    its stage loop ('`value` must have a dtype that can be promoted to the same dtype as
+    `buffer`'); the leaf and both dtypes are now named before anything compiles."""
+    assert jax.config.jax_enable_x64  # tests/conftest.py
+    y0 = {"a": jnp.ones(3, jnp.float32)}
+
+    def rhs(y, t, p):
+        return {"a": -p * y["a"]}
+
+    with pytest.raises(TypeError, match=r"returned dtype float64 at y0\['a'\], whose dtype"):
+        integrate_diffrax(rhs, y0, 0.0, 1.0, args=jnp.float64(0.5))
+    with pytest.raises(TypeError, match=r"returned shape \(2,\) at y0\['a'\]"):
+        integrate_diffrax(lambda y, t: {"a": y["a"][:2]}, y0, 0.0, 1.0)
+    with pytest.raises(TypeError, match=r"must return a tree of y0's structure"):
+        integrate_diffrax(lambda y, t: y["a"], y0, 0.0, 1.0)
+    sol = integrate_diffrax(rhs, y0, 0.0, 1.0, args=jnp.float32(0.5))
+    assert sol.ys["a"].dtype == jnp.float32
+    np.testing.assert_allclose(sol.ys["a"][-1], np.exp(-0.5), rtol=1e-5)

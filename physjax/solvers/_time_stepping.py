@@ -327,6 +327,33 @@ class _VectorField(eqx.Module):
         return self.rhs(y, t, args) if self.with_args else self.rhs(y, t)
 
 
+def _check_vector_field(field: _VectorField, y0: PyTree, t0, args) -> None:
+    """Refuse, by tracing ``rhs`` once for shapes (nothing runs or compiles), a right-hand
+    side whose output is not a tree of ``y0``'s structure and shapes with dtypes that fit
+    ``y0``'s: a float64 parameter in ``args`` with a float32 state (x64 on) made diffrax fail
+    deep in its stage loop ('When doing `buffer.at[i].set(value)`, then `value` must have a
+    dtype that can be promoted to the same dtype as `buffer`'), naming neither."""
+    out = jax.eval_shape(field, t0, y0, args)
+    ins, in_tree = jax.tree_util.tree_flatten_with_path(y0)
+    outs, out_tree = jax.tree_util.tree_flatten_with_path(out)
+    call = "rhs(y0, t0, args)" if field.with_args else "rhs(y0, t0)"
+    if in_tree != out_tree:
+        raise TypeError(f"{call} must return a tree of y0's structure, {in_tree}; got {out_tree}")
+    for (path, y), (_, dy) in zip(ins, outs):
+        where = jax.tree_util.keystr(path) or " (the array)"
+        y_dtype, y_shape = jnp.result_type(y), jnp.shape(y)
+        if dy.shape != y_shape:
+            raise TypeError(
+                f"{call} returned shape {dy.shape} at y0{where}, whose shape is {y_shape}"
+            )
+        if jnp.promote_types(dy.dtype, y_dtype) != y_dtype:
+            raise TypeError(
+                f"{call} returned dtype {dy.dtype} at y0{where}, whose dtype is {y_dtype}: "
+                f"the solve holds the state in its own dtype; return that dtype (e.g. pass "
+                f"args in it, or cast with .astype(y.dtype))"
+            )
+
+
 def integrate_diffrax(
     rhs: RHS,
     y0: PyTree,
@@ -375,7 +402,10 @@ def integrate_diffrax(
     from 0, float32 times are coarse); a ``ValueError`` naming the argument says so before
     anything compiles.
     ``solver``, ``saveat``, ``stepsize_controller`` and ``adjoint`` are ``None`` or diffrax
-    objects of their kind (a ``TypeError`` otherwise).
+    objects of their kind (a ``TypeError`` otherwise). ``rhs`` is traced once for shapes
+    first: an output that is not a tree of ``y0``'s structure and shapes, or has a dtype
+    that does not fit ``y0``'s (float64 from a float64 ``args`` for a float32 state), is a
+    ``TypeError`` naming the leaf.
     """
     check_diffrax_options(
         solver=solver, saveat=saveat, stepsize_controller=stepsize_controller, adjoint=adjoint
@@ -385,7 +415,9 @@ def integrate_diffrax(
     t0, t1, dt0 = _in_dtype(dtype, t0, t1, dt0)
     if saveat is not None and dtype is not None:
         saveat = saveat_in_dtype(saveat, dtype)
-    term = diffrax.ODETerm(_VectorField(rhs, args is not None))
+    field = _VectorField(rhs, args is not None)
+    _check_vector_field(field, y0, t0, args)
+    term = diffrax.ODETerm(field)
     solver = diffrax.Tsit5() if solver is None else solver
     for name, tol in (("rtol", rtol), ("atol", atol)):
         _check_tolerance(name, tol)
