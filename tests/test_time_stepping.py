@@ -59,3 +59,27 @@ def test_integrate_diffrax_names_a_right_hand_side_of_the_wrong_dtype_or_shape()
     sol = integrate_diffrax(rhs, y0, 0.0, 1.0, args=jnp.float32(0.5))
     assert sol.ys["a"].dtype == jnp.float32
     np.testing.assert_allclose(sol.ys["a"][-1], np.exp(-0.5), rtol=1e-5)
+
+
+def test_advance_and_integrate_refuse_a_block_that_is_not_a_count_and_a_function():
+    """``block=(2.5, step_S)`` failed inside the scan with "'float' object cannot be
+    interpreted as an integer" and ``("2", step_S)`` with a str/int comparison, naming
+    neither ``block``; a valid block still takes the same steps as one at a time."""
+    step = SCHEMES["rk4"][0]
+
+    def one(y, t, dt):
+        return step(lambda y, t: -y + jnp.sin(t), y, t, dt)
+
+    def three(y, ts, dt):
+        for t in ts:
+            y = one(y, t, dt)
+        return y
+
+    for bad in ((2.5, three), ("2", three), (True, three), (0, three), (3, None), [3, three]):
+        with pytest.raises(TypeError, match=r"^block must be None or a pair \(S, step_S\)"):
+            advance(one, jnp.array(1.0), 0.3, 0.1, 7, block=bad)
+        with pytest.raises(TypeError, match=r"^block must be None or a pair \(S, step_S\)"):
+            integrate(one, jnp.array(1.0), 0.3, 0.1, 2, 7, block=bad)
+    ref = advance(one, jnp.array(1.0), 0.3, 0.1, 7)
+    for S in (1, np.int64(3), 8):
+        assert float(advance(one, jnp.array(1.0), 0.3, 0.1, 7, block=(S, three))) == float(ref)

@@ -257,6 +257,29 @@ def _steps(k, dt):
     return jnp.asarray(k, jnp.result_type(dt))
 
 
+def _check_block(block) -> None:
+    """Refuse a ``block`` that is not ``None`` or a pair ``(S, step_S)`` of a positive
+    integer and a callable: ``S=2.5`` failed in the scan with "'float' object cannot be
+    interpreted as an integer", ``S="2"`` with "'>' not supported between ... 'str' and
+    'int'", naming neither ``block``."""
+    if block is None:
+        return
+    ok = isinstance(block, tuple) and len(block) == 2
+    if ok:
+        S, step_S = block
+        ok = (
+            isinstance(S, (int, np.integer))
+            and not isinstance(S, (bool, np.bool_))
+            and S >= 1
+            and callable(step_S)
+        )
+    if not ok:
+        raise TypeError(
+            f"block must be None or a pair (S, step_S) of a positive integer S and a "
+            f"function step_S(y, ts, dt) that takes S steps, got {block!r}"
+        )
+
+
 def advance(step: Callable, y: PyTree, t0, dt, n_steps: int, block: Block | None = None) -> PyTree:
     """Apply ``step(y, t, dt)`` ``n_steps`` times inside one ``lax.scan``.
 
@@ -267,9 +290,11 @@ def advance(step: Callable, y: PyTree, t0, dt, n_steps: int, block: Block | None
 
     ``n_steps`` is an integer ``>= 0`` (0 returns ``y``) known when tracing: under
     ``jax.jit`` a static argument, not a traced one. ``t0`` and ``dt`` are taken in the
-    dtype of ``y``'s floating leaves when they share one.
+    dtype of ``y``'s floating leaves when they share one. ``block`` is ``None`` or such a
+    pair, ``S`` a positive integer (a ``TypeError`` otherwise).
     """
     n_steps = _count("n_steps", n_steps, 0)
+    _check_block(block)
     t0, dt = _in_dtype(_time_dtype(y), t0, dt)
 
     def body(y, k):
@@ -305,6 +330,7 @@ def integrate(
     when tracing (static under ``jax.jit``); times as for ``advance``."""
     n_frames = _count("n_frames", n_frames, 0)
     save_every = _count("save_every", save_every, 1)
+    _check_block(block)
     t0, dt = _in_dtype(_time_dtype(y0), t0, dt)
 
     def body(y, frame):
