@@ -83,3 +83,28 @@ def test_advance_and_integrate_refuse_a_block_that_is_not_a_count_and_a_function
     ref = advance(one, jnp.array(1.0), 0.3, 0.1, 7)
     for S in (1, np.int64(3), 8):
         assert float(advance(one, jnp.array(1.0), 0.3, 0.1, 7, block=(S, three))) == float(ref)
+
+
+@pytest.mark.parametrize("name", ["euler", "ssprk3", "rk4"])
+def test_a_state_with_float32_and_float64_leaves_takes_a_float64_dt(name):
+    """A state with float32 and float64 leaves (x64 on) stepped with a NumPy or JAX float64
+    ``dt`` failed in ``lax.scan`` ('carry input ... float32 ... output ... float64'), while
+    a Python float ran; each leaf now keeps its dtype and all three give the same numbers."""
+    step = SCHEMES[name][0]
+
+    def rhs(y, t):
+        return {"a": -y["a"], "b": -2 * y["b"]}
+
+    y0 = {"a": jnp.float32(1.0), "b": jnp.float64(1.0)}
+    runs = [
+        advance(lambda y, t, dt: step(rhs, y, t, dt), y0, 0.0, dt, 100)
+        for dt in (0.01, np.float64(0.01), jnp.float64(0.01))
+    ]
+    for y in runs:
+        assert (y["a"].dtype, y["b"].dtype) == (jnp.float32, jnp.float64)
+        assert (float(y["a"]), float(y["b"])) == (float(runs[0]["a"]), float(runs[0]["b"]))
+    if name != "euler":
+        assert abs(float(runs[0]["b"]) - np.exp(-2.0)) < 1e-6
+        assert abs(float(runs[0]["a"]) - np.exp(-1.0)) < 1e-6
+    frames = integrate(lambda y, t, dt: step(rhs, y, t, dt), y0, 0.0, np.float64(0.01), 4, 25)
+    assert float(frames["b"][-1]) == float(runs[0]["b"])

@@ -29,7 +29,17 @@ Block = tuple[int, Callable]
 
 
 def _axpy(a, x, y):
-    return jax.tree.map(lambda xi, yi: a * xi + yi, x, y)
+    """a·x + y, with ``a`` (a time step) taken in each leaf's real dtype: a float64 ``dt``
+    (NumPy or JAX) promoted the float32 leaves of a state that also has float64 ones, and
+    ``lax.scan`` refused the carry ('carry input ... float32 ... output ... float64')."""
+    return jax.tree.map(lambda xi, yi: _in_leaf_dtype(a, yi) * xi + yi, x, y)
+
+
+def _in_leaf_dtype(a, leaf):
+    dtype = jnp.result_type(leaf)
+    if not jnp.issubdtype(dtype, jnp.inexact):
+        return a
+    return jnp.asarray(a, jnp.finfo(dtype).dtype)
 
 
 def _lincomb(*pairs):
