@@ -108,3 +108,23 @@ def test_a_state_with_float32_and_float64_leaves_takes_a_float64_dt(name):
         assert abs(float(runs[0]["a"]) - np.exp(-1.0)) < 1e-6
     frames = integrate(lambda y, t, dt: step(rhs, y, t, dt), y0, 0.0, np.float64(0.01), 4, 25)
     assert float(frames["b"][-1]) == float(runs[0]["b"])
+
+
+def test_a_solve_stopped_by_max_steps_returns_what_the_docs_say():
+    """With throw=False a solve that reaches max_steps returns: frames of SaveAt(ts=...) it
+    did not reach are inf, and the default SaveAt(t1=True) holds the state where it stopped
+    at that time (the docs once said every unreached frame was inf)."""
+    import diffrax
+
+    y0 = jnp.ones(3, jnp.float32)
+    tight = dict(max_steps=3, throw=False, rtol=1e-7, atol=1e-7)
+    last = integrate_diffrax(lambda y, t: -y, y0, 0.0, 2.0, **tight)
+    assert not diffrax.is_okay(last.result)
+    t = float(last.ts[0])
+    assert 0.0 < t < 2.0
+    np.testing.assert_allclose(last.ys[0], np.exp(-t) * np.ones(3), rtol=1e-5)
+    ts = jnp.linspace(0.0, 2.0, 5)
+    frames = integrate_diffrax(lambda y, t: -y, y0, 0.0, 2.0, saveat=diffrax.SaveAt(ts=ts), **tight)
+    reached = np.isfinite(np.asarray(frames.ts))
+    assert reached[0] and not reached[1:].any()
+    assert np.isinf(np.asarray(frames.ys[1:])).all()

@@ -427,7 +427,9 @@ def integrate_diffrax(
     adjoint do not allow). A solve that reaches it (or fails otherwise) raises (diffrax's
     ``EquinoxRuntimeError``: 'The maximum number of solver steps was reached'); with
     ``throw=False`` it returns, and ``sol.result`` says how it ended
-    (``diffrax.RESULTS.successful`` or why not; the frames it did not reach are ``inf``) —
+    (``diffrax.RESULTS.successful`` or why not; with ``SaveAt(ts=...)`` the frames it did
+    not reach are ``inf``, with the default ``SaveAt(t1=True)`` the one frame is the state
+    where it stopped, ``sol.ts`` that time rather than ``t1``) —
     what a batch under ``vmap`` needs to keep its members that succeeded.
 
     ``t0``, ``t1``, ``dt0`` and the ``ts`` of ``saveat`` are taken in the dtype of ``y0``'s

@@ -1054,7 +1054,9 @@ class ShallowWater(eqx.Module):
         ``saveat``, ``stepsize_controller`` and ``adjoint`` and the save times of
         ``saveat=diffrax.SaveAt(ts=...)`` (within ``[t0, t1]``, in order) are checked first.
         A solve that reaches ``max_steps`` raises diffrax's error; with ``throw=False`` it
-        returns, ``sol.result`` saying how it ended and the frames it did not reach ``inf``.
+        returns, ``sol.result`` saying how it ended (frames of ``SaveAt(ts=...)`` it did not
+        reach are ``inf``; the default ``SaveAt(t1=True)`` holds the state where it stopped,
+        ``sol.ts`` that time).
         ``dt0`` is not checked against a stability limit (that depends on the diffrax solver);
         a solve that diffrax reports successful but whose saved states hold NaN/Inf — constant
         steps (``diffrax.ConstantStepSize()``) above the solver's limit, which nothing rejects
