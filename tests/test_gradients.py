@@ -1034,3 +1034,21 @@ def test_an_activation_that_mixes_entries_is_refused():
     scale = jnp.array([1.0, 2.0, 3.0])
     model = pg.MLP(2, "scalar", 3, 2, lambda z: jnp.tanh(scale * z), key=key, dtype=jnp.float64)
     assert _rel(pg.laplacian(model)(x), jnp.trace(jax.hessian(model)(x))) < 1e-12
+
+
+def test_recompute_and_batched_must_be_true_or_false():
+    """batched="no" (a truthy string) was taken as True, giving a function of a batch of
+    points where one point was meant; recompute=0.5 likewise. Both are refused by name for
+    every second-order operator, and NumPy booleans are taken."""
+    model = _model("mlp", depth=1)
+    points = jnp.linspace(0.1, 0.9, 6).reshape(2, 3)
+    for op in (pg.laplacian, pg.vector_laplacian, pg.hessian_diagonal):
+        with pytest.raises(TypeError, match="batched must be True or False, got 'no'"):
+            op(model, batched="no")
+        with pytest.raises(TypeError, match="recompute must be True or False, got 0.5"):
+            op(model, recompute=0.5)
+    with pytest.raises(TypeError, match="batched must be True or False, got 1"):
+        pg.second_partial(model, 0, 1, batched=1)
+    got = pg.laplacian(model, batched=np.bool_(True), recompute=np.bool_(False))(points)
+    want = jax.vmap(pg.laplacian(model))(points)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

@@ -25,6 +25,14 @@ def _check_callable(fn, name: str = "fn") -> None:
         raise TypeError(f"{name} must be a callable of one point x of shape (d,), got {fn!r}.")
 
 
+def _check_flags(**flags) -> None:
+    """``recompute`` and ``batched`` are True or False: ``batched="no"`` (a truthy string)
+    was taken as True and gave a function of a batch of points."""
+    for name, value in flags.items():
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+
+
 def _check_point(x, batched: bool = False) -> Array:
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
@@ -319,6 +327,7 @@ def laplacian(
         over points), or with ``batched=True`` of points ``(N, d)`` returning ``(N,)``.
     """
     _check_callable(fn)
+    _check_flags(recompute=recompute, batched=batched)
 
     fn = _point_fn(fn)
 
@@ -348,6 +357,7 @@ def vector_laplacian(
         with ``batched=True``, of points ``(N, d)`` returning ``(N, m)`` (or ``(N,)``).
     """
     _check_callable(fn)
+    _check_flags(recompute=recompute, batched=batched)
 
     fn = _point_fn(fn)
 
@@ -378,6 +388,7 @@ def hessian_diagonal(
         ``batched=True``, of points ``(N, d)`` returning ``(N, k)``.
     """
     _check_callable(fn)
+    _check_flags(recompute=recompute, batched=batched)
 
     fn = _point_fn(fn)
 
@@ -410,6 +421,7 @@ def second_partial(
         ``(N, d)`` returning ``(N,)``.
     """
     _check_callable(fn)
+    _check_flags(recompute=recompute, batched=batched)
     i = _as_index(i, "i")
     j = _as_index(j, "j")
 
