@@ -23,7 +23,18 @@
 # The device tool brings back at most 8 files from $OUT: with OUT set and more than 8 files
 # there at the end (CARRY=1 or EXTRAS=1), all but the check's own three (gpu_env.log,
 # shallow_water_gpu.json/.log) are packed into gpu_check_files.tar.gz.
+# BUDGET (seconds, default 540) bounds the whole script: the device tool stops a command at
+# 600 s, before the packing below could run; each extra step gets what is left of the
+# budget (at most its own limit), keeping 20 s for the packing.
 set -euo pipefail
+start=$SECONDS
+budget="${BUDGET:-540}"
+left() {  # seconds for the next step: what the budget leaves, at most $1
+    local l=$((budget - (SECONDS - start) - 20))
+    if [ "$l" -gt "$1" ]; then l="$1"; fi
+    if [ "$l" -lt 1 ]; then l=1; fi
+    echo "$l"
+}
 out="${OUT:-benchmarks/results}"
 py="${PYTHON:-python3}"
 sizes="${SIZES:-1024 2048 4096}"
@@ -39,7 +50,7 @@ nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=c
 if [ "${CARRY:-0}" = 1 ] || [ "${EXTRAS:-0}" = 1 ]; then
     set +e
     # shellcheck disable=SC2086  # sizes is a list
-    timeout 300 "$py" benchmarks/sw_padded_carry.py --sizes $(echo $sizes | tr ' ' '\n' | tail -2) \
+    timeout "$(left 300)" "$py" benchmarks/sw_padded_carry.py --sizes $(echo $sizes | tr ' ' '\n' | tail -2) \
         --dtype float32 --output "$out/sw_padded_carry_gpu.json" --hlo "$out" \
         > "$out/sw_padded_carry_gpu.log" 2>&1
     echo "padded carry rc=$?" >> "$out/sw_padded_carry_gpu.log"
@@ -57,12 +68,13 @@ if [ "${EXTRAS:-0}" = 1 ]; then
         fi
         "$py" -c "import h5netcdf" ||
             echo "h5netcdf missing: carry its wheel in .whl/ (the run below needs it)"
-        time timeout 120 "$py" scripts/run_shallow_water.py \
+        time timeout "$(left 120)" "$py" scripts/run_shallow_water.py \
             --output "$work/sw.h5" --plot "$out/sw_gpu.png"
         echo "rc=$?"
         "$py" -c "import sys, xarray; print(xarray.open_dataset(sys.argv[1]))" "$work/sw.h5"
     } > "$out/cli_gpu.log" 2>&1
-    timeout 150 "$py" benchmarks/poisson.py --only spectral --output "$out/poisson_gpu.json" \
+    rm -rf "$work"  # the run's sw.h5: its log and PNG are kept
+    timeout "$(left 150)" "$py" benchmarks/poisson.py --only spectral --output "$out/poisson_gpu.json" \
         > "$out/poisson_gpu.log" 2>&1
     echo "poisson rc=$?" >> "$out/poisson_gpu.log"
     set -e

@@ -474,6 +474,10 @@ args = sys.argv[1:]
 script = os.path.basename(args[0]) if args else ""
 if script not in ("shallow_water.py", "sw_padded_carry.py", "poisson.py", "run_shallow_water.py"):
     sys.exit(subprocess.call([sys.executable, *args]))
+if script == os.environ.get("STUB_HANGS"):  # a step that would outlast the device's limit
+    import time
+
+    time.sleep(600)
 
 
 def value(flag):
@@ -529,6 +533,38 @@ def test_gpu_check_leaves_the_device_tool_at_most_eight_files(tmp_path):
         packed = set(tar.getnames())
     assert {"hlo_32_float32.txt", "carry_readback_32_float32.txt", "sw_gpu.png"} <= packed
     assert {"cli_gpu.log", "poisson_gpu.json", "sw_padded_carry_gpu.json"} <= packed
+
+
+def test_gpu_check_keeps_within_its_budget_when_a_step_hangs(tmp_path):
+    """The extra steps had fixed limits (300 + 120 + 150 s) which, with the benchmark, could
+    pass the device tool's 600 s per command, stopping the script before it packed its
+    files. Each step now gets what BUDGET leaves: a hanging step is cut short and the
+    script still ends in time, its files packed."""
+    import shutil
+    import time
+
+    if shutil.which("bash") is None or shutil.which("tar") is None:
+        pytest.skip("needs bash and tar")
+    stub = tmp_path / "python"
+    stub.write_text(_GPU_CHECK_STUB.replace("PYTHON", sys.executable, 1))
+    stub.chmod(0o755)
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), PYTHON=str(stub), SIZES="16 32", EXTRAS="1")
+    env.update(BUDGET="40", STUB_HANGS="sw_padded_carry.py")
+    began = time.monotonic()
+    done = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
+    took = time.monotonic() - began
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert took < 120, took  # the hanging step alone had 300 s before
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and "gpu_check_files.tar.gz" in files, files
 
 
 _AB_FUSIONS = r"""
