@@ -2088,3 +2088,18 @@ def test_scripts_with_a_shebang_can_be_run_by_their_path(name):
     assert text.startswith("#!/usr/bin/env python\n")
     assert "from physjax.cli import run_command" in text
     assert os.access(script, os.X_OK), f"scripts/{name} is not executable"
+
+
+def test_writer_takes_its_variables_from_any_iterable(tmp_path):
+    """variables given as a generator were used up by the check for doubled names, and the
+    writer made a file of no variables (its append then said it had no time axis)."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable, read_frame
+
+    grid = Grid((3, 4), (3e3, 4e3))
+    path = tmp_path / "gen.nc"
+    w = NetCDFWriter(path, grid, (Variable(n, CENTRE, "m", n) for n in ("h", "q")))
+    assert list(w.variables) == ["h", "q"]
+    w.append(0.0, 0, {"h": np.ones(grid.shape), "q": np.full(grid.shape, 2.0)})
+    frame = read_frame(path)
+    assert float(frame["h"].sum()) == 12.0 and float(frame["q"].sum()) == 24.0

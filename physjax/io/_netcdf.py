@@ -324,6 +324,8 @@ class NetCDFWriter:
     ):
         self.path = os.fspath(path)
         self.grid = grid
+        # a generator was used up by the name check below, leaving a file of no variables
+        variables = list(variables)
         names = [v.name for v in variables]
         doubled = sorted({n for n in names if names.count(n) > 1})
         if doubled:
