@@ -2103,3 +2103,40 @@ def test_writer_takes_its_variables_from_any_iterable(tmp_path):
     w.append(0.0, 0, {"h": np.ones(grid.shape), "q": np.full(grid.shape, 2.0)})
     frame = read_frame(path)
     assert float(frame["h"].sum()) == 12.0 and float(frame["q"].sum()) == 24.0
+
+
+def test_attributes_hdf5_cannot_store_are_refused_before_anything_is_written(tmp_path):
+    """An attribute h5py cannot store failed deep in h5py, naming neither the attribute nor
+    the argument ("VLEN strings do not support embedded NULLs", "Object dtype dtype('O') has
+    no native HDF5 equivalent" for an int beyond int64, a RuntimeError for an empty name),
+    and finish() had by then written the status and the attributes before it."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable, read_attrs
+
+    grid = Grid((3, 4), (3e3, 4e3))
+    h = [Variable("h", CENTRE, "m", "H")]
+    for attrs, match in [
+        ({"note": "a\x00b"}, "attrs: attribute 'note' holds a NUL character"),
+        ({"": 1}, "attrs: attribute names must be non-empty strings, got ''"),
+        (
+            {"parameters": {"g": "9\x00"}},
+            "attrs['parameters']: attribute 'parameter_g' holds a NUL",
+        ),
+        ({"title": "t\x00"}, "attrs: attribute 'title' holds a NUL"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(match)):
+            NetCDFWriter(tmp_path / "bad.nc", grid, h, attrs=attrs)
+    assert os.listdir(tmp_path) == []
+    path = tmp_path / "w.nc"
+    w = NetCDFWriter(path, grid, h, attrs={"parameters": {"big": 2**80}, "seed": -(2**70)})
+    assert read_attrs(path)["parameter_big"] == str(2**80)  # exact, as text
+    assert read_attrs(path)["parameters"] == {"big": 2**80}
+    assert read_attrs(path)["seed"] == str(-(2**70))
+    w.append(0.0, 0, {"h": np.zeros(grid.shape)})
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match=re.escape("finish: attribute 'note' holds a NUL")):
+        w.finish("failed: x", a=1, note="a\x00b")
+    assert path.read_bytes() == before  # neither the status nor `a` written
+    assert read_attrs(path)["status"] == "running" and "a" not in read_attrs(path)
+    w.finish(big=2**64)
+    assert read_attrs(path)["big"] == str(2**64) and read_attrs(path)["status"] == "complete"

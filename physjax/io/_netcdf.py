@@ -224,9 +224,31 @@ def _attr_value(v: Any) -> Any:
             v = a[()]  # a 0-d array (a model's parameter) is stored as the number it holds
     if isinstance(v, (bool, np.bool_)):
         return int(v)
+    if isinstance(v, int) and not -(2**63) <= v < 2**63:
+        return str(v)  # beyond netCDF's int64 (h5py: "Object dtype ... no HDF5 equivalent")
     if isinstance(v, (int, float, str, np.integer, np.floating)):
         return v
     return _json(v)
+
+
+def _attrs_to_store(attrs: Mapping[Any, Any], what: str) -> dict[str, Any]:
+    """``attrs`` as the values the file stores, checked before any is written: a name that
+    is not a non-empty string, or a text holding a NUL character (which HDF5 cannot store),
+    is a ``ValueError`` naming it. (Such an attribute failed in h5py with a message that
+    named neither, and in `finish` after the status and the attributes before it were
+    already written.)"""
+    out = {}
+    for key, value in attrs.items():
+        if not isinstance(key, str) or not key or "\x00" in key:
+            raise ValueError(f"{what}: attribute names must be non-empty strings, got {key!r}")
+        stored = _attr_value(value)
+        if isinstance(stored, str) and "\x00" in stored:
+            raise ValueError(
+                f"{what}: attribute {key!r} holds a NUL character ('\\x00'), which HDF5 "
+                "cannot store in a text attribute"
+            )
+        out[key] = stored
+    return out
 
 
 #: Global attributes that the writer sets and reads back itself (``attrs`` may not set them).
@@ -308,7 +330,9 @@ class NetCDFWriter:
     - `variables`: the [`physjax.io.Variable`][]s to write.
     - `attrs`: global attributes: ``case``, ``title``, ``parameters`` (a dict, also stored
       one attribute per entry) and ``configuration`` (a dict, stored as JSON). NumPy and
-      JAX numbers (a model's 0-d parameters) are stored as numbers, their arrays as lists.
+      JAX numbers (a model's 0-d parameters) are stored as numbers, their arrays as lists,
+      an integer beyond int64 as its decimal text; a name that is not a non-empty string
+      or a text with a NUL character is a ``ValueError``, raised before the file is made.
       The writer's own attributes (``status``, ``n_frames``, ``physjax_version``,
       ``Conventions``, ``parameter_*``) are refused.
     """
@@ -425,6 +449,14 @@ class NetCDFWriter:
     def _write_new(self, tmp: str, attrs: dict[str, Any]) -> None:
         g = self.grid
         dtype = np.dtype(g.dtype)
+        title = str(attrs.pop("title", "physjax output"))
+        params = attrs.pop("parameters", {}) or {}
+        stored_params = _attrs_to_store(
+            {f"parameter_{key}": value for key, value in params.items()}, "attrs['parameters']"
+        )
+        config = attrs.pop("configuration", None)
+        stored = _attrs_to_store(attrs, "attrs")
+        _attrs_to_store({"title": title}, "attrs")
         with h5netcdf.File(tmp, "w") as f:
             # A file of time-independent fields (a Poisson solve, say) has no time axis.
             has_time = any(v.time_dependent for v in self.variables.values())
@@ -470,20 +502,18 @@ class NetCDFWriter:
                     location=_sgrid_location(g, v.location),
                     grid="grid",
                 )
-            f.attrs["title"] = str(attrs.pop("title", "physjax output"))
+            f.attrs["title"] = title
             f.attrs["physjax_version"] = __version__
             f.attrs["status"] = STATUS_RUNNING
             # CF-1.9: the first CF version that admits the int64 of `step` and integer attributes
             f.attrs["Conventions"] = "CF-1.9 SGRID-0.3"
-            params = attrs.pop("parameters", {}) or {}
             f.attrs["parameters"] = _json(params)
-            for key, value in params.items():
-                f.attrs[f"parameter_{key}"] = _attr_value(value)
-            config = attrs.pop("configuration", None)
+            for key, value in stored_params.items():
+                f.attrs[key] = value
             if config is not None:
                 f.attrs["configuration"] = _json(config, sort_keys=True)
-            for key, value in attrs.items():
-                f.attrs[key] = _attr_value(value)
+            for key, value in stored.items():
+                f.attrs[key] = value
             if has_time:
                 f.attrs["n_frames"] = 0
 
@@ -611,6 +641,7 @@ class NetCDFWriter:
         _refuse_writer_attrs(attrs, "finish")
         if not isinstance(status, str) or not status:
             raise ValueError(f"finish: status must be a non-empty string, got {status!r}")
+        stored = _attrs_to_store({"status": status, **attrs}, "finish")
         with self._open() as f:
             if status == STATUS_COMPLETE:
                 unwritten = [
@@ -624,9 +655,8 @@ class NetCDFWriter:
                         f"{self.path!r} were never written; give them to write_static first"
                     )
             _drop_incomplete_frame(f)
-            f.attrs["status"] = status
-            for key, value in attrs.items():
-                f.attrs[key] = _attr_value(value)
+            for key, value in stored.items():
+                f.attrs[key] = value
 
     def frames(self) -> tuple[int, int | None]:
         """The number of whole frames in the file and the step of the last (``None`` when
