@@ -2140,3 +2140,34 @@ def test_attributes_hdf5_cannot_store_are_refused_before_anything_is_written(tmp
     assert read_attrs(path)["status"] == "running" and "a" not in read_attrs(path)
     w.finish(big=2**64)
     assert read_attrs(path)["big"] == str(2**64) and read_attrs(path)["status"] == "complete"
+
+
+def test_a_finished_writer_appends_nothing(tmp_path):
+    """append after finish() added a frame to a file marked complete, which went on saying
+    so (and a run that then crashed left a 'complete' file short of its frames)."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable, read_attrs
+
+    grid = Grid((3, 4), (3e3, 4e3))
+    path = tmp_path / "f.nc"
+    w = NetCDFWriter(
+        path, grid, [Variable("h", CENTRE, "m", "H"), Variable("b", CENTRE, "m", "B", False)]
+    )
+    w.write_static({"b": np.zeros(grid.shape)})
+    w.append(0.0, 0, {"h": np.zeros(grid.shape)})
+    w.finish()
+    before = path.read_bytes()
+    with pytest.raises(
+        ValueError, match=re.escape("append: ") + ".*has been finished \\(status 'complete'\\)"
+    ):
+        w.append(1.0, 1, {"h": np.ones(grid.shape)})
+    with pytest.raises(ValueError, match=re.escape("write_static: ") + ".*has been finished"):
+        w.write_static({"b": np.ones(grid.shape)})
+    assert path.read_bytes() == before
+    assert read_attrs(path)["n_frames"] == 1
+    w.finish("failed: checked afterwards")  # a second finish changes the status
+    assert read_attrs(path)["status"] == "failed: checked afterwards"
+    with pytest.raises(ValueError, match="status 'failed: checked afterwards'"):
+        w.append(1.0, 1, {"h": np.ones(grid.shape)})
+    w2 = NetCDFWriter.reopen(path, grid, list(w.variables.values()))
+    assert w2.append(1.0, 1, {"h": np.ones(grid.shape)}) == 2

@@ -378,6 +378,7 @@ class NetCDFWriter:
         _refuse_writer_attrs(attrs or {}, "attrs")
         self.variables = {v.name: v for v in variables}
         self._locking = True
+        self._finished: str | None = None  # the status finish() gave, once it has run
         if _create:
             check_writable(self.path)
             self._create(dict(attrs or {}))
@@ -528,7 +529,9 @@ class NetCDFWriter:
         would be stored as inf), as are ``time`` (finite) and ``step`` (a whole number ≥ 0),
         both beyond the last frame's: a ``ValueError`` names the first that fails, and
         nothing is written. The masked
-        cells of a NumPy masked array (a land mask) are stored as NaN."""
+        cells of a NumPy masked array (a land mask) are stored as NaN. A writer that has
+        been finished appends nothing (``ValueError``): [`reopen`][] continues a file."""
+        self._refuse_if_finished("append")
         if not any(v.time_dependent for v in self.variables.values()):
             raise ValueError(
                 f"{self.path!r} has no time axis (no time-dependent variable): write its "
@@ -625,11 +628,20 @@ class NetCDFWriter:
         return n * cell + 16
 
     def write_static(self, fields: Mapping[str, Any]) -> None:
-        """Write the variables that have no time dimension."""
+        """Write the variables that have no time dimension (not after [`finish`][])."""
+        self._refuse_if_finished("write_static")
         arrays = self._checked_fields(fields, time_dependent=False)
         with self._open() as f:
             for name, value in arrays.items():
                 f[name][...] = value
+
+    def _refuse_if_finished(self, what: str) -> None:
+        # the file said "complete" (or "failed: …") while frames were still being added
+        if self._finished is not None:
+            raise ValueError(
+                f"{what}: {self.path!r} has been finished (status {self._finished!r}); "
+                "NetCDFWriter.reopen gives a writer that continues it"
+            )
 
     def finish(self, status: str = STATUS_COMPLETE, **attrs: Any) -> None:
         """Mark the file ``complete`` (or another status, e.g. ``"failed: …"``); a trailing
@@ -637,7 +649,9 @@ class NetCDFWriter:
         writer's own (``n_frames``, ``physjax_version``, ``Conventions``, ``parameter_*``),
         refused with a ``ValueError`` before anything is written. So is a ``complete`` file
         with a time-independent variable never written by `write_static` (HDF5 would read
-        it as zeros, a field like any other)."""
+        it as zeros, a field like any other). Once finished, the writer's `append` and
+        `write_static` raise ``ValueError`` (a frame added to a ``complete`` file left it
+        saying so); `finish` may be called again to change the status."""
         _refuse_writer_attrs(attrs, "finish")
         if not isinstance(status, str) or not status:
             raise ValueError(f"finish: status must be a non-empty string, got {status!r}")
@@ -657,6 +671,7 @@ class NetCDFWriter:
             _drop_incomplete_frame(f)
             for key, value in stored.items():
                 f.attrs[key] = value
+        self._finished = status
 
     def frames(self) -> tuple[int, int | None]:
         """The number of whole frames in the file and the step of the last (``None`` when
