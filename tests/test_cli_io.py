@@ -2171,3 +2171,24 @@ def test_a_finished_writer_appends_nothing(tmp_path):
         w.append(1.0, 1, {"h": np.ones(grid.shape)})
     w2 = NetCDFWriter.reopen(path, grid, list(w.variables.values()))
     assert w2.append(1.0, 1, {"h": np.ones(grid.shape)}) == 2
+
+
+def test_writer_arguments_of_the_wrong_kind_are_named(tmp_path):
+    """A grid, variable, attrs or parameters of the wrong kind failed with an AttributeError
+    naming none of them ("'list' object has no attribute 'items'")."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable
+
+    grid = Grid((3, 4), (3e3, 4e3))
+    h = Variable("h", CENTRE, "m", "H")
+    path = tmp_path / "w.nc"
+    for args, kwargs, match in [
+        ((None, [h]), {}, "grid must be a physjax.grids.Grid, got NoneType"),
+        ((grid, ["h"]), {}, "variables must be physjax.io.Variable objects, got str 'h'"),
+        ((grid, h), {}, "variables must be a sequence of physjax.io.Variable, got Variable"),
+        ((grid, [h]), {"attrs": [("case", "x")]}, "attrs must be a mapping"),
+        ((grid, [h]), {"attrs": {"parameters": [1.0]}}, "attrs['parameters'] must be a mapping"),
+    ]:
+        with pytest.raises(TypeError, match=re.escape(match)):
+            NetCDFWriter(path, *args, **kwargs)
+    assert not path.exists()

@@ -39,7 +39,7 @@ import json
 import os
 import secrets
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import h5netcdf
@@ -347,9 +347,29 @@ class NetCDFWriter:
         _create: bool = True,
     ):
         self.path = os.fspath(path)
+        # arguments of the wrong kind failed later with an AttributeError naming none of them
+        if not isinstance(grid, Grid):
+            raise TypeError(f"grid must be a physjax.grids.Grid, got {type(grid).__name__}")
         self.grid = grid
+        if isinstance(variables, (str, bytes, Variable)) or not isinstance(variables, Iterable):
+            raise TypeError(
+                "variables must be a sequence of physjax.io.Variable, got "
+                f"{type(variables).__name__}"
+            )
         # a generator was used up by the name check below, leaving a file of no variables
         variables = list(variables)
+        for v in variables:
+            if not isinstance(v, Variable):
+                raise TypeError(
+                    f"variables must be physjax.io.Variable objects, got {type(v).__name__} {v!r}"
+                )
+        if attrs is not None and not isinstance(attrs, Mapping):
+            raise TypeError(f"attrs must be a mapping of names to values, got {attrs!r}")
+        params = (attrs or {}).get("parameters")
+        if params is not None and not isinstance(params, Mapping):
+            raise TypeError(
+                f"attrs['parameters'] must be a mapping of names to values, got {params!r}"
+            )
         names = [v.name for v in variables]
         doubled = sorted({n for n in names if names.count(n) > 1})
         if doubled:
