@@ -2192,3 +2192,27 @@ def test_writer_arguments_of_the_wrong_kind_are_named(tmp_path):
         with pytest.raises(TypeError, match=re.escape(match)):
             NetCDFWriter(path, *args, **kwargs)
     assert not path.exists()
+
+
+@pytest.mark.parametrize("precision", ["float32", "float64"])
+def test_bfloat16_and_other_jax_dtypes_are_written_exactly(tmp_path, precision):
+    """A bfloat16 field (JAX's mixed precision), NumPy dtype kind "V", was refused as "must
+    be real and numeric, got dtype bfloat16"; float32 holds each of its values exactly."""
+    import jax.numpy as jnp
+
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable, read_frame
+
+    grid = Grid((3, 4), (3e3, 4e3), dtype=precision)
+    path = tmp_path / "b.nc"
+    w = NetCDFWriter(path, grid, [Variable("h", CENTRE, "m", "H")])
+    h = jnp.linspace(-3.3, 1e30, 12, dtype=jnp.bfloat16).reshape(grid.shape)
+    w.append(0.0, 0, {"h": h})
+    w.append(1.0, 1, {"h": jnp.full(grid.shape, -7, jnp.int4)})
+    got = read_frame(path, 0)["h"]
+    assert got.dtype == np.dtype(precision)
+    np.testing.assert_array_equal(got, np.asarray(h, dtype=np.float32))
+    assert float(got[0, 0]) == float(jnp.bfloat16(-3.3)) == -3.296875
+    assert float(read_frame(path, 1)["h"].sum()) == -84.0
+    with pytest.raises(ValueError, match="must be real and numeric, got dtype"):
+        w.append(2.0, 2, {"h": np.zeros(grid.shape, dtype="V4")})

@@ -309,6 +309,23 @@ def check_writable(path: str | os.PathLike, what: str = "output path") -> None:
         raise ValueError(f"{what} {path!r} is not writable: {e.strerror or e}") from None
 
 
+def _ml_dtype_widened(dtype: np.dtype) -> np.dtype | None:
+    """The NumPy dtype that holds every value of ``dtype`` exactly where it is one of the
+    types NumPy does not know that JAX brings through ``ml_dtypes`` (``bfloat16`` and the
+    ``float8`` types: float32; ``int4``, ``uint4``, …: int16), else ``None``."""
+    try:
+        import ml_dtypes
+    except ImportError:  # pragma: no cover - a dependency of jax
+        return None
+    for info, wide in ((ml_dtypes.finfo, np.float32), (ml_dtypes.iinfo, np.int16)):
+        try:
+            info(dtype)
+        except Exception:
+            continue
+        return np.dtype(wide)
+    return None
+
+
 def _refuse_writer_attrs(attrs: Mapping[str, Any], what: str) -> None:
     """Refuse the writer's own attributes (its record of the file: status, frame count,
     version, the parameters' copies) among those a caller gives."""
@@ -549,7 +566,8 @@ class NetCDFWriter:
         would be stored as inf), as are ``time`` (finite) and ``step`` (a whole number ≥ 0),
         both beyond the last frame's: a ``ValueError`` names the first that fails, and
         nothing is written. The masked
-        cells of a NumPy masked array (a land mask) are stored as NaN. A writer that has
+        cells of a NumPy masked array (a land mask) are stored as NaN. JAX's ``bfloat16``
+        (``float8``, ``int4``) fields are taken exactly, as float32 (int16). A writer that has
         been finished appends nothing (``ValueError``): [`reopen`][] continues a file."""
         self._refuse_if_finished("append")
         if not any(v.time_dependent for v in self.variables.values()):
@@ -616,6 +634,11 @@ class NetCDFWriter:
                         array = np.ma.filled(np.ma.asarray(value).astype(floats), np.nan)
             except Exception as e:
                 raise ValueError(f"field {name!r} is not an array: {e}") from None
+            wide = _ml_dtype_widened(array.dtype) if array.dtype.kind == "V" else None
+            if wide is not None:
+                # JAX's bfloat16 (float8s, int4), kind "V" to NumPy, were refused as "not
+                # real and numeric"; float32 (int16) holds each of their values exactly
+                array = array.astype(wide)
             if array.dtype.kind not in "biuf":  # bool, integers, floats
                 raise ValueError(
                     f"field {name!r} must be real and numeric, got dtype {array.dtype}"
