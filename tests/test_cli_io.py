@@ -2216,3 +2216,26 @@ def test_bfloat16_and_other_jax_dtypes_are_written_exactly(tmp_path, precision):
     assert float(read_frame(path, 1)["h"].sum()) == -84.0
     with pytest.raises(ValueError, match="must be real and numeric, got dtype"):
         w.append(2.0, 2, {"h": np.zeros(grid.shape, dtype="V4")})
+
+
+def test_append_refuses_a_time_or_step_given_as_text(tmp_path):
+    """time "1.0" and step "3" went through float() and int() and were stored as numbers."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable, read_attrs
+
+    grid = Grid((3, 4), (3e3, 4e3))
+    path = tmp_path / "t.nc"
+    w = NetCDFWriter(path, grid, [Variable("h", CENTRE, "m", "H")])
+    one = {"h": np.ones(grid.shape)}
+    with pytest.raises(
+        ValueError, match=re.escape("time must be a finite number of seconds, got '1.0'")
+    ):
+        w.append("1.0", 0, one)
+    with pytest.raises(ValueError, match=re.escape("step must be a whole number ≥ 0, got '3'")):
+        w.append(1.0, "3", one)
+    with pytest.raises(
+        ValueError, match=re.escape("time must be a finite number of seconds, got b'1'")
+    ):
+        w.append(b"1", 0, one)
+    assert read_attrs(path)["n_frames"] == 0
+    assert w.append(np.float32(0.5), np.int64(3), one) == 1

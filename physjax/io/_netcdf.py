@@ -584,9 +584,10 @@ class NetCDFWriter:
             finite = np.ndim(time) == 0 and bool(np.isfinite(float(time)))
         except (TypeError, ValueError, OverflowError):
             whole = finite = False
-        if isinstance(step, bool) or not whole:
+        # a text ("1.0", "3") went through float() and int() and was stored as a number
+        if isinstance(step, (bool, str, bytes)) or not whole:
             raise ValueError(f"step must be a whole number ≥ 0, got {step!r}")
-        if isinstance(time, bool) or not finite:
+        if isinstance(time, (bool, str, bytes)) or not finite:
             raise ValueError(f"time must be a finite number of seconds, got {time!r}")
         _require_space(self.path, self._frame_bytes(), "a frame")
         with self._open() as f:
