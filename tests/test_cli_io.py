@@ -2239,3 +2239,29 @@ def test_append_refuses_a_time_or_step_given_as_text(tmp_path):
         w.append(b"1", 0, one)
     assert read_attrs(path)["n_frames"] == 0
     assert w.append(np.float32(0.5), np.int64(3), one) == 1
+
+
+def test_reopen_refuses_fewer_variables_than_the_file_holds(tmp_path):
+    """reopen with some of the file's time-dependent variables appended frames that left
+    the others unwritten, read back as zeros in frames counted as whole."""
+    from physjax.grids import CENTRE, X_FACE, Grid
+    from physjax.io import Variable
+
+    grid = Grid((3, 4), (3e3, 4e3))
+    h, u = Variable("h", CENTRE, "m", "H"), Variable("u", X_FACE, "m s-1", "U")
+    b = Variable("b", CENTRE, "m", "B", False)
+    path = tmp_path / "r.nc"
+    w = NetCDFWriter(path, grid, [h, u, b])
+    w.write_static({"b": np.ones(grid.shape)})
+    w.append(0.0, 0, {"h": np.ones(grid.shape), "u": np.ones(grid.shape)})
+    w.finish("stopped: x")
+    before = path.read_bytes()
+    with pytest.raises(
+        ValueError, match=re.escape("also holds the time-dependent variable(s) ['u']")
+    ):
+        NetCDFWriter.reopen(path, grid, [h, b])
+    assert path.read_bytes() == before
+    w = NetCDFWriter.reopen(path, grid, [h, u])  # a static variable may be left out
+    w.append(1.0, 1, {"h": np.ones(grid.shape), "u": np.full(grid.shape, 2.0)})
+    with xr.load_dataset(path) as ds:
+        assert float(ds.u.isel(time=1).min()) == 2.0

@@ -737,7 +737,9 @@ class NetCDFWriter:
     ):
         """A writer that appends to an existing file (for ``--resume``); marks it running.
         The file must hold `variables` on `grid`: its shape, cell centres (extent, origin),
-        boundaries and dtype; otherwise a ``ValueError`` is raised and nothing is written.
+        boundaries and dtype, and every time-dependent variable of the file must be among
+        them (one left out would be unwritten in the frames appended); otherwise a
+        ``ValueError`` is raised and nothing is written.
         `history`, if given, is added as a dated line to the file's ``history`` attribute."""
         path = os.fspath(path)
         if not os.path.isfile(path):
@@ -793,6 +795,17 @@ def _check_appendable(f: h5netcdf.File, path: str, grid: Grid, variables) -> Non
     missing = [v.name for v in variables if v.name not in f.variables]
     if missing:
         raise ValueError(f"cannot resume: {path!r} has no variable(s) {missing}")
+    # a field of the file the writer does not know would be left unwritten (read as
+    # zeros, HDF5's fill value) in every frame appended, which still counted as whole
+    known = {v.name for v in variables} | {"time", "step"}
+    left = [
+        n for n, var in f.variables.items() if var.dimensions[:1] == ("time",) and n not in known
+    ]
+    if left:
+        raise ValueError(
+            f"cannot resume: {path!r} also holds the time-dependent variable(s) {left}, "
+            "which the frames appended would leave unwritten; give every variable of the file"
+        )
     for v in variables:
         want = (("time",) if v.time_dependent else ()) + _dims(grid, v.location)
         have = tuple(f.variables[v.name].dimensions)
