@@ -2231,7 +2231,9 @@ def test_append_refuses_a_time_or_step_given_as_text(tmp_path):
         ValueError, match=re.escape("time must be a finite number of seconds, got '1.0'")
     ):
         w.append("1.0", 0, one)
-    with pytest.raises(ValueError, match=re.escape("step must be a whole number ≥ 0, got '3'")):
+    with pytest.raises(
+        ValueError, match=re.escape("step must be a whole number from 0 to 2**63 - 1, got '3'")
+    ):
         w.append(1.0, "3", one)
     with pytest.raises(
         ValueError, match=re.escape("time must be a finite number of seconds, got b'1'")
@@ -2265,3 +2267,31 @@ def test_reopen_refuses_fewer_variables_than_the_file_holds(tmp_path):
     w.append(1.0, 1, {"h": np.ones(grid.shape), "u": np.full(grid.shape, 2.0)})
     with xr.load_dataset(path) as ds:
         assert float(ds.u.isel(time=1).min()) == 2.0
+
+
+def test_append_names_a_step_beyond_int64_and_a_time_beyond_float(tmp_path):
+    """A step of 2**63 or more failed in h5py ("Python int too large to convert to C long")
+    after the time axis had grown, and a time beyond float's range (10**400) was reported as
+    a bad step."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable, read_attrs
+
+    grid = Grid((3, 4), (3e3, 4e3))
+    path = tmp_path / "s.nc"
+    w = NetCDFWriter(path, grid, [Variable("h", CENTRE, "m", "H")])
+    one = {"h": np.ones(grid.shape)}
+    w.append(0.0, 0, one)
+    before = path.read_bytes()
+    for step in (2**63, 1e20):
+        with pytest.raises(
+            ValueError,
+            match=re.escape(f"step must be a whole number from 0 to 2**63 - 1, got {step!r}"),
+        ):
+            w.append(1.0, step, one)
+    with pytest.raises(
+        ValueError, match=re.escape("time must be a finite number of seconds, got 1000")
+    ):
+        w.append(10**400, 1, one)
+    assert path.read_bytes() == before
+    assert w.append(1.0, 2**63 - 1, one) == 2
+    assert read_attrs(path)["n_frames"] == 2

@@ -563,7 +563,7 @@ class NetCDFWriter:
         an incomplete frame left by an earlier, interrupted append is overwritten. Every
         field is checked first (a time-dependent variable of the writer's, real and numeric,
         of the grid's shape, with no finite value beyond the range of the file's dtype, which
-        would be stored as inf), as are ``time`` (finite) and ``step`` (a whole number ≥ 0),
+        would be stored as inf), as are ``time`` (finite) and ``step`` (a whole number below 2**63),
         both beyond the last frame's: a ``ValueError`` names the first that fails, and
         nothing is written. The masked
         cells of a NumPy masked array (a land mask) are stored as NaN. JAX's ``bfloat16``
@@ -579,14 +579,18 @@ class NetCDFWriter:
         if missing:
             raise ValueError(f"frame lacks variables {missing}")
         arrays = self._checked_fields(fields, time_dependent=True)  # before anything is written
+        # each on its own: a time beyond float's range was reported as a bad step
+        try:  # the file's step is int64: 2**63 and beyond failed in h5py mid-frame
+            whole = np.ndim(step) == 0 and bool(int(step) == step) and 0 <= int(step) < 2**63
+        except (TypeError, ValueError, OverflowError):
+            whole = False
         try:
-            whole = np.ndim(step) == 0 and float(step) == int(step) >= 0
             finite = np.ndim(time) == 0 and bool(np.isfinite(float(time)))
         except (TypeError, ValueError, OverflowError):
-            whole = finite = False
+            finite = False
         # a text ("1.0", "3") went through float() and int() and was stored as a number
         if isinstance(step, (bool, str, bytes)) or not whole:
-            raise ValueError(f"step must be a whole number ≥ 0, got {step!r}")
+            raise ValueError(f"step must be a whole number from 0 to 2**63 - 1, got {step!r}")
         if isinstance(time, (bool, str, bytes)) or not finite:
             raise ValueError(f"time must be a finite number of seconds, got {time!r}")
         _require_space(self.path, self._frame_bytes(), "a frame")
