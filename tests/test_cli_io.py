@@ -2295,3 +2295,25 @@ def test_append_names_a_step_beyond_int64_and_a_time_beyond_float(tmp_path):
     assert path.read_bytes() == before
     assert w.append(1.0, 2**63 - 1, one) == 2
     assert read_attrs(path)["n_frames"] == 2
+
+
+@pytest.mark.parametrize("name", ["time", "step", "grid", "x", "y_f", "z"])
+def test_a_variable_named_like_the_writers_own_is_refused_up_front(tmp_path, name):
+    """A variable named "time", "x", "grid" … failed while the file was being made, with
+    h5netcdf's "unable to create variable 'time' (name already exists)"; in 2-D "z" is free."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable, read_frame
+
+    grid = Grid((3, 4), (3e3, 4e3))
+    path = tmp_path / "n.nc"
+    if name == "z":
+        NetCDFWriter(path, grid, [Variable(name, CENTRE, "m", "Z")]).append(
+            0.0, 0, {"z": np.ones(grid.shape)}
+        )
+        assert float(read_frame(path)["z"].sum()) == 12.0
+        return
+    with pytest.raises(
+        ValueError, match=re.escape(f"Variable.name {name!r} is a name the writer gives its own")
+    ):
+        NetCDFWriter(path, grid, [Variable(name, CENTRE, "m", "N")])
+    assert not path.exists()

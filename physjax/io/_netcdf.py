@@ -412,6 +412,15 @@ class NetCDFWriter:
                     f"Variable.time_dependent of {v.name!r} must be True or False, got "
                     f"{v.time_dependent!r}"
                 )
+        # the writer's own variables: a clash failed while the file was being made, with
+        # h5netcdf's "unable to create variable 'x' (name already exists)"
+        own = {"time", "step", "grid", *grid.axis_names, *(f"{n}_f" for n in grid.axis_names)}
+        taken = [v.name for v in variables if v.name in own]
+        if taken:
+            raise ValueError(
+                f"Variable.name {taken[0]!r} is a name the writer gives its own variables "
+                f"({', '.join(sorted(own))}); choose another"
+            )
         _refuse_writer_attrs(attrs or {}, "attrs")
         self.variables = {v.name: v for v in variables}
         self._locking = True
