@@ -1310,6 +1310,8 @@ def test_a_second_writer_of_the_same_file_is_refused(tmp_path, capsys):
     assert main(["shallow-water", *FAST, "--max-frames", "1", "--output", str(out)]) == 0
     before = out.read_bytes()
     with output_lock(out):  # as a run of another process holds it
+        # the lock file names its holder: here another process's
+        (tmp_path / ".w.h5.lock").write_text("pid 999999 on elsewhere")
         for extra in (["--resume"], ["--overwrite", *FAST]):
             capsys.readouterr()
             assert main(["shallow-water", "--quiet", "--output", str(out), *extra]) == 2
@@ -1397,6 +1399,10 @@ def test_an_output_with_a_long_name_is_written_locked_and_resumed(tmp_path, caps
     assert sorted(p.name for p in tmp_path.iterdir()) == [out.name]  # nothing left beside it
     before = out.read_bytes()
     with output_lock(out):  # as a run of another process holds it
+        from physjax.io._reading import hidden_beside
+
+        with open(hidden_beside(str(out), ".lock"), "w") as lock:  # the holder it names
+            lock.write("pid 999999 on elsewhere")
         capsys.readouterr()
         assert main(["shallow-water", "--quiet", "--output", str(out), "--resume"]) == 2
         assert "is being written by another physjax process" in capsys.readouterr().err
@@ -2317,3 +2323,21 @@ def test_a_variable_named_like_the_writers_own_is_refused_up_front(tmp_path, nam
     ):
         NetCDFWriter(path, grid, [Variable(name, CENTRE, "m", "N")])
     assert not path.exists()
+
+
+def test_a_second_output_lock_in_the_same_process_says_so(tmp_path):
+    """flock locks per open file, so a second output_lock of the same path in one process is
+    refused too; it was said to be held by "another physjax process" (its own pid)."""
+    from physjax.io import OutputLocked, output_lock
+
+    path = tmp_path / "l.nc"
+    with output_lock(path):
+        with pytest.raises(
+            OutputLocked, match=re.escape("already being written by this process")
+        ) as info:
+            with output_lock(path):
+                pass
+        assert f"pid {os.getpid()} " in str(info.value) and "another" not in str(info.value)
+    with output_lock(path):  # released, and taken again
+        assert os.path.exists(tmp_path / ".l.nc.lock")
+    assert os.listdir(tmp_path) == []

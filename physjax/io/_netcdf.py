@@ -128,6 +128,11 @@ def output_lock(path: str | os.PathLike):
         os.close(fd)
 
 
+def _lock_owner() -> str:
+    """What a lock file records of the process that holds it."""
+    return f"pid {os.getpid()} on {os.uname().nodename}"
+
+
 def _lock_file(lock: str, given: str, fcntl) -> int | None:
     """Open and ``flock`` the lock file ``lock`` and return its descriptor (unlocked where
     the file system has no ``flock``), or ``None`` where the file cannot be made; raise
@@ -142,6 +147,13 @@ def _lock_file(lock: str, given: str, fcntl) -> int | None:
         except BlockingIOError:
             owner = os.pread(fd, 64, 0).decode(errors="replace").strip()
             os.close(fd)
+            if owner == _lock_owner():
+                # flock locks per open file: a second output_lock of this process is refused
+                # too, and was said to come from "another physjax process" (its own pid)
+                raise OutputLocked(
+                    f"{given!r} is already being written by this process (an output_lock "
+                    f"of it not yet released: {owner}); one writer at a time"
+                ) from None
             raise OutputLocked(
                 f"{given!r} is being written by another physjax process"
                 f"{f' ({owner})' if owner else ''}; wait for it to end, or give another --output"
@@ -158,7 +170,7 @@ def _lock_file(lock: str, given: str, fcntl) -> int | None:
             current = False
         if current:
             os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} on {os.uname().nodename}".encode(), 0)
+            os.pwrite(fd, _lock_owner().encode(), 0)
             return fd
         os.close(fd)
 
