@@ -2341,3 +2341,28 @@ def test_a_second_output_lock_in_the_same_process_says_so(tmp_path):
     with output_lock(path):  # released, and taken again
         assert os.path.exists(tmp_path / ".l.nc.lock")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_dataset_kept_open_in_the_same_process_is_named_when_append_fails(tmp_path):
+    """A library user who kept an xr.open_dataset of the output open in the process that
+    writes it got h5py's bare "Unable to synchronously open file (file is already open for
+    read-only)" from append (HDF5 opens a file once per process). It is still an OSError,
+    which now says what holds the file and what to do; the file is unchanged."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable, read_frame
+
+    grid = Grid((3, 4), (3e3, 4e3))
+    path = tmp_path / "o.nc"
+    w = NetCDFWriter(path, grid, [Variable("h", CENTRE, "m", "H")])
+    w.append(0.0, 0, {"h": np.ones(grid.shape)})
+    ds = xr.open_dataset(path, engine="h5netcdf")
+    try:
+        with pytest.raises(OSError, match=re.escape("is open for reading in this process")):
+            w.append(1.0, 1, {"h": np.full(grid.shape, 2.0)})
+        with pytest.raises(OSError, match=re.escape("close it (ds.close()")):
+            w.finish()
+    finally:
+        ds.close()
+    assert w.append(1.0, 1, {"h": np.full(grid.shape, 2.0)}) == 2
+    w.finish()
+    assert float(read_frame(path)["h"][0, 0]) == 2.0

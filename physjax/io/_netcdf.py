@@ -480,6 +480,18 @@ class NetCDFWriter:
                     raise
                 self._locking = False
             except OSError as e:
+                if "already open for read-only" in str(e):
+                    # HDF5 opens a file once per process: one this process reads (a dataset
+                    # of xarray.open_dataset kept open, in a notebook that also runs the
+                    # solver) cannot be opened for writing beside it
+                    raise OSError(
+                        errno.EBUSY,
+                        f"{self.path!r} is open for reading in this process (an "
+                        "xarray.open_dataset or h5py.File not yet closed), and HDF5 cannot "
+                        "open it for writing beside that: close it (ds.close(), or read with "
+                        "xr.load_dataset or in a with block) and write again; the file is "
+                        "unchanged",
+                    ) from None
                 # The file is still open in this process with the other locking flags (a
                 # handle an interrupt left behind): HDF5 then insists on the same flags.
                 if "locking flag values don't match" not in str(e) or (not self._locking) in tried:
