@@ -2366,3 +2366,24 @@ def test_a_dataset_kept_open_in_the_same_process_is_named_when_append_fails(tmp_
     assert w.append(1.0, 1, {"h": np.full(grid.shape, 2.0)}) == 2
     w.finish()
     assert float(read_frame(path)["h"][0, 0]) == 2.0
+
+
+def test_read_frame_takes_a_jax_or_numpy_integer_index(tmp_path):
+    """read_frame refused a JAX integer (jnp.int32(-1)) or a 0-d integer array as "not an
+    integer frame number"; floats and bools are still refused."""
+    import jax.numpy as jnp
+
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable, read_frame
+
+    grid = Grid((3, 4), (3e3, 4e3))
+    path = tmp_path / "i.nc"
+    w = NetCDFWriter(path, grid, [Variable("h", CENTRE, "m", "H")])
+    for k in range(3):
+        w.append(float(k), k, {"h": np.full(grid.shape, float(k))})
+    for index, want in [(jnp.int32(-1), 2), (np.array(1), 1), (np.int64(0), 0), (-2, 1)]:
+        frame = read_frame(path, index)
+        assert int(frame["step"]) == want and float(frame["h"][0, 0]) == want
+    for bad in (1.0, True, np.bool_(False), jnp.float32(1.0), np.array([1])):
+        with pytest.raises(TypeError, match="index must be an integer frame number"):
+            read_frame(path, bad)

@@ -36,6 +36,7 @@ import dataclasses
 import datetime
 import errno
 import json
+import operator
 import os
 import secrets
 import shutil
@@ -1005,12 +1006,17 @@ def _decode(v):
 
 def read_frame(path: str | os.PathLike, index: int = -1) -> dict[str, Any]:
     """One complete frame of every time-dependent variable, plus ``time`` and ``step``;
-    ``index`` (an integer) counts complete frames only (``-1``: the last). Raises
-    ``ValueError`` for a file that is missing, not NetCDF4/HDF5, damaged or truncated, or
-    has no time axis, ``BlockingIOError`` while a frame is being appended."""
+    ``index`` (an integer: a Python, NumPy or 0-d JAX one) counts complete frames only
+    (``-1``: the last). Raises ``ValueError`` for a file that is missing, not NetCDF4/HDF5,
+    damaged or truncated, or has no time axis, ``BlockingIOError`` while a frame is being
+    appended."""
     path = os.fspath(path)
-    if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
-        raise TypeError(f"index must be an integer frame number, got {index!r}")
+    try:  # a 0-d integer array too (jnp.int32(-1) was refused as "not an integer")
+        if isinstance(index, (bool, np.bool_)):
+            raise TypeError
+        index = operator.index(index)
+    except TypeError:
+        raise TypeError(f"index must be an integer frame number, got {index!r}") from None
     with _reading(path) as f:
         if "time" not in f.dimensions:
             raise ValueError(f"{path!r} has no time axis: not a physjax output file with frames")
