@@ -2387,3 +2387,27 @@ def test_read_frame_takes_a_jax_or_numpy_integer_index(tmp_path):
     for bad in (1.0, True, np.bool_(False), jnp.float32(1.0), np.array([1])):
         with pytest.raises(TypeError, match="index must be an integer frame number"):
             read_frame(path, bad)
+
+
+def test_text_attributes_are_stored_as_text_not_python_reprs(tmp_path):
+    """A bytes attribute was stored as the text of its repr, "\\"b'abc'\\"", and an array of
+    strings as "['a' 'b']" (in attrs, parameters and the configuration's JSON)."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable, read_attrs
+
+    grid = Grid((3, 4), (3e3, 4e3))
+    path = tmp_path / "a.nc"
+    attrs = {
+        "source": b"abc",
+        "names": np.array(["a", "bc"]),
+        "parameters": {"scheme": np.bytes_(b"rk4"), "tags": np.array([b"x", b"y"])},
+        "configuration": {"labels": np.array(["u", "v"]), "raw": b"q"},
+    }
+    NetCDFWriter(path, grid, [Variable("h", CENTRE, "m", "H")], attrs=attrs)
+    a = read_attrs(path)
+    assert a["source"] == "abc" and json.loads(a["names"]) == ["a", "bc"]
+    assert a["parameter_scheme"] == "rk4" and json.loads(a["parameter_tags"]) == ["x", "y"]
+    assert a["parameters"] == {"scheme": "rk4", "tags": ["x", "y"]}
+    assert a["configuration"] == {"labels": ["u", "v"], "raw": "q"}
+    with xr.load_dataset(path) as ds:
+        assert ds.attrs["source"] == "abc"

@@ -213,13 +213,17 @@ def _dims(grid: Grid, location: Sequence[Stagger]) -> tuple[str, ...]:
 
 def _json_default(v: Any) -> Any:
     """JSON for what ``json`` cannot write itself: NumPy and JAX numbers and arrays (a
-    model's parameters are 0-d JAX arrays) as numbers and lists, anything else as text."""
+    model's parameters are 0-d JAX arrays) as numbers and lists, bytes and arrays of text as
+    text and lists of it (they were stored as their Python reprs, "b'abc'" and "['a' 'b']"),
+    anything else as text."""
+    if isinstance(v, bytes):
+        return v.decode(errors="replace")
     try:
         a = np.asarray(v) if hasattr(v, "__array__") or isinstance(v, np.generic) else None
     except Exception:
         a = None
-    if a is not None and a.dtype.kind in "biuf":
-        return a.tolist()
+    if a is not None and a.dtype.kind in "biufUS":
+        return a.tolist()  # bytes among a list's items come back here, decoded
     return str(v)
 
 
@@ -235,6 +239,8 @@ def _attr_value(v: Any) -> Any:
             a = None
         if a is not None and a.ndim == 0 and a.dtype.kind in "biuf":
             v = a[()]  # a 0-d array (a model's parameter) is stored as the number it holds
+    if isinstance(v, bytes):
+        return v.decode(errors="replace")
     if isinstance(v, (bool, np.bool_)):
         return int(v)
     if isinstance(v, int) and not -(2**63) <= v < 2**63:
@@ -361,8 +367,9 @@ class NetCDFWriter:
     - `attrs`: global attributes: ``case``, ``title``, ``parameters`` (a dict, also stored
       one attribute per entry) and ``configuration`` (a dict, stored as JSON). NumPy and
       JAX numbers (a model's 0-d parameters) are stored as numbers, their arrays as lists,
-      an integer beyond int64 as its decimal text; a name that is not a non-empty string
-      or a text with a NUL character is a ``ValueError``, raised before the file is made.
+      an integer beyond int64 as its decimal text, bytes as text; a name that is not a
+      non-empty string or a text with a NUL character is a ``ValueError``, raised before the
+      file is made.
       The writer's own attributes (``status``, ``n_frames``, ``physjax_version``,
       ``Conventions``, ``parameter_*``) are refused.
     """
