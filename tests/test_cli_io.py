@@ -2411,3 +2411,21 @@ def test_text_attributes_are_stored_as_text_not_python_reprs(tmp_path):
     assert a["configuration"] == {"labels": ["u", "v"], "raw": "q"}
     with xr.load_dataset(path) as ds:
         assert ds.attrs["source"] == "abc"
+
+
+def test_reopen_shows_cell_centres_that_differ_in_full(tmp_path):
+    """reopen of a grid whose origin moved by 1 mm said the file's x cell centres "are -1500
+    … 1500, those of the grid asked for -1500 … 1500": six digits hid the difference."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable
+
+    h = Variable("h", CENTRE, "m", "H")
+    grid = Grid((3, 4), (3e3, 4e3), origin=(0.0, -2e3), dtype="float64")
+    path = tmp_path / "o.nc"
+    NetCDFWriter(path, grid, [h]).append(0.0, 0, {"h": np.ones(grid.shape)})
+    moved = Grid((3, 4), (3e3, 4e3), origin=(0.0, -2e3 + 1e-3), dtype="float64")
+    with pytest.raises(ValueError) as info:
+        NetCDFWriter.reopen(path, moved, [h])
+    assert "are -1500.0 … 1500.0, those of the grid asked for -1499.999 … 1500.001" in str(
+        info.value
+    )

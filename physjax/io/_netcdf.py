@@ -825,10 +825,12 @@ def _check_appendable(f: h5netcdf.File, path: str, grid: Grid, variables) -> Non
         want = grid.coordinates(name, "centre")
         span = float(np.max(np.abs(want))) or 1.0
         if stored is None or not np.allclose(stored, want, rtol=0, atol=1e-9 * span):
-            shown = "none" if stored is None else f"{stored[0]:g} … {stored[-1]:g}"
+            # in full: 6 digits showed "-1500 … 1500" for both when the origin moved by 1 mm
+            shown = "none" if stored is None else f"{float(stored[0])!r} … {float(stored[-1])!r}"
             raise ValueError(
                 f"cannot resume: the {name} cell centres of {path!r} are {shown}, those of "
-                f"the grid asked for {want[0]:g} … {want[-1]:g} (its extent or origin differs)"
+                f"the grid asked for {float(want[0])!r} … {float(want[-1])!r} (its extent or "
+                "origin differs)"
             )
         boundary = _decode(f.variables[name].attrs.get("boundary"))
         asked = "periodic" if periodic else "wall"
