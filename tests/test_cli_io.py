@@ -2429,3 +2429,18 @@ def test_reopen_shows_cell_centres_that_differ_in_full(tmp_path):
     assert "are -1500.0 … 1500.0, those of the grid asked for -1499.999 … 1500.001" in str(
         info.value
     )
+
+
+def test_frames_of_a_file_without_a_time_axis_is_none(tmp_path):
+    """frames() of a writer of only time-independent variables (a Poisson solve's) raised a
+    bare KeyError: 'time'."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable
+
+    grid = Grid((3, 4), (3e3, 4e3))
+    w = NetCDFWriter(tmp_path / "s.nc", grid, [Variable("b", CENTRE, "m", "B", False)])
+    assert w.frames() == (0, None)
+    w2 = NetCDFWriter(tmp_path / "t.nc", grid, [Variable("h", CENTRE, "m", "H")])
+    assert w2.frames() == (0, None)
+    w2.append(0.0, 7, {"h": np.ones(grid.shape)})
+    assert w2.frames() == (1, 7)

@@ -765,8 +765,11 @@ class NetCDFWriter:
     def frames(self) -> tuple[int, int | None]:
         """The number of whole frames in the file and the step of the last (``None`` when
         there is none), read through the writer's own handle: what an interrupted run
-        reports without meeting its own file's lock."""
+        reports without meeting its own file's lock. A file with no time axis (only
+        time-independent variables) has none: ``(0, None)``."""
         with self._open() as f:
+            if "time" not in f.dimensions:  # was a bare KeyError: 'time'
+                return 0, None
             n = _complete_frames(f)
             return n, (int(f["step"][n - 1]) if n else None)
 
