@@ -2444,3 +2444,22 @@ def test_frames_of_a_file_without_a_time_axis_is_none(tmp_path):
     assert w2.frames() == (0, None)
     w2.append(0.0, 7, {"h": np.ones(grid.shape)})
     assert w2.frames() == (1, 7)
+
+
+@pytest.mark.parametrize("field", ["units", "long_name"])
+@pytest.mark.parametrize("value", ["", "m\x00"])
+def test_a_variable_without_units_or_long_name_is_refused(tmp_path, field, value):
+    """Empty units or long_name were stored as "" (every variable is to have both), and a NUL
+    in one failed while the file was being made ("VLEN strings do not support embedded
+    NULLs")."""
+    import dataclasses
+
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable
+
+    v = dataclasses.replace(Variable("h", CENTRE, "m", "H"), **{field: value})
+    with pytest.raises(
+        ValueError, match=re.escape(f"Variable.{field} of 'h' must be a non-empty string")
+    ):
+        NetCDFWriter(tmp_path / "e.nc", Grid((3, 4), (3e3, 4e3)), [v])
+    assert os.listdir(tmp_path) == []

@@ -348,9 +348,9 @@ def test_variable_units_long_name_and_time_dependence_are_checked(tmp_path):
 
     g = Grid((4, 6), (1.0, 1.0))
     for kw, match in (
-        (dict(units=None), r"Variable\.units of 'q' must be a string \(units \"1\""),
-        (dict(units=5), r"Variable\.units of 'q' must be a string"),
-        (dict(long_name=None), r"Variable\.long_name of 'q' must be a string"),
+        (dict(units=None), r"Variable\.units of 'q' must be a non-empty string \(units \"1\""),
+        (dict(units=5), r"Variable\.units of 'q' must be a non-empty string"),
+        (dict(long_name=None), r"Variable\.long_name of 'q' must be a non-empty string"),
         (dict(time_dependent="no"), r"Variable\.time_dependent of 'q' must be True or False"),
         (dict(time_dependent=None), r"Variable\.time_dependent of 'q' must be True or False"),
     ):

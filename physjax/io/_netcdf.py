@@ -421,10 +421,13 @@ class NetCDFWriter:
             for field in ("units", "long_name"):
                 # None stopped in h5py, after the checks, with "Object dtype dtype('O') has
                 # no native HDF5 equivalent"; a number was stored as a number
-                if not isinstance(getattr(v, field), str):
+                # "" (or a NUL, which HDF5 cannot store) passed as the units and long_name
+                # every variable is to have
+                value = getattr(v, field)
+                if not isinstance(value, str) or not value or "\x00" in value:
                     raise ValueError(
-                        f'Variable.{field} of {v.name!r} must be a string (units "1" for a '
-                        f"dimensionless variable), got {getattr(v, field)!r}"
+                        f'Variable.{field} of {v.name!r} must be a non-empty string (units "1" '
+                        f"for a dimensionless variable), got {value!r}"
                     )
             if not isinstance(v.time_dependent, (bool, np.bool_)):
                 # "no" was taken for True, None for False, by their truth values
