@@ -2463,3 +2463,26 @@ def test_a_variable_without_units_or_long_name_is_refused(tmp_path, field, value
     ):
         NetCDFWriter(tmp_path / "e.nc", Grid((3, 4), (3e3, 4e3)), [v])
     assert os.listdir(tmp_path) == []
+
+
+def test_reopen_checks_its_history_line_before_touching_the_file(tmp_path):
+    """A history line with a NUL failed in h5py ("VLEN strings do not support embedded
+    NULLs") after reopen had marked the file running; a number was taken as text."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable, read_attrs
+
+    grid = Grid((3, 4), (3e3, 4e3))
+    h = [Variable("h", CENTRE, "m", "H")]
+    path = tmp_path / "h.nc"
+    w = NetCDFWriter(path, grid, h)
+    w.append(0.0, 0, {"h": np.ones(grid.shape)})
+    w.finish("stopped: x")
+    before = path.read_bytes()
+    for history in ("a\x00b", 5):
+        with pytest.raises(
+            ValueError, match=re.escape("reopen: history must be a text without NUL")
+        ):
+            NetCDFWriter.reopen(path, grid, h, history=history)
+    assert path.read_bytes() == before and read_attrs(path)["status"] == "stopped: x"
+    NetCDFWriter.reopen(path, grid, h, history="resumed")
+    assert read_attrs(path)["history"].endswith(": resumed")

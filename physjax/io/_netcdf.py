@@ -793,6 +793,9 @@ class NetCDFWriter:
         ``ValueError`` is raised and nothing is written.
         `history`, if given, is added as a dated line to the file's ``history`` attribute."""
         path = os.fspath(path)
+        if history is not None and (not isinstance(history, str) or "\x00" in history):
+            # a NUL failed in h5py after the file had been marked running again
+            raise ValueError(f"reopen: history must be a text without NUL, got {history!r}")
         if not os.path.isfile(path):
             raise ValueError(f"cannot resume: {path!r} does not exist")
         w = cls(path, grid, variables, _create=False)
