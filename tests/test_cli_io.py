@@ -825,6 +825,12 @@ def test_read_frame_and_append_errors_name_the_problem(tmp_path):
         w.append(0.0, 0, {"h": np.ones((6, 8))})
     assert w.append(0.0, 0, {"h": np.ones((4, 6))}) == 1  # nothing half-written before
     np.testing.assert_array_equal(read_frame(tmp_path / "w.h5")["h"], np.ones((4, 6)))
+    # the range is given as the command line gives it ("has 1 frames" before)
+    with pytest.raises(ValueError, match=r"frame 1 is out of range: .* has 1 frame \(0, or -1\)$"):
+        read_frame(tmp_path / "w.h5", 1)
+    w.append(1.0, 1, {"h": np.zeros((4, 6))})
+    with pytest.raises(ValueError, match=r"has 2 frames \(0 to 1, or -1 to -2\)$"):
+        read_frame(tmp_path / "w.h5", -3)
 
 
 def test_read_helpers_name_odd_inputs(tmp_path, capsys):

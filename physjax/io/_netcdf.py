@@ -1042,7 +1042,8 @@ def read_frame(path: str | os.PathLike, index: int = -1) -> dict[str, Any]:
         if n == 0:
             raise ValueError(f"{os.fspath(path)!r} holds no frame")
         if not -n <= index < n:
-            raise ValueError(f"frame {index} is out of range: {os.fspath(path)!r} has {n} frames")
+            held = "1 frame (0, or -1)" if n == 1 else f"{n} frames (0 to {n - 1}, or -1 to -{n})"
+            raise ValueError(f"frame {index} is out of range: {os.fspath(path)!r} has {held}")
         index %= n
         out = {}
         for name, var in f.variables.items():
