@@ -128,3 +128,30 @@ def test_a_solve_stopped_by_max_steps_returns_what_the_docs_say():
     reached = np.isfinite(np.asarray(frames.ts))
     assert reached[0] and not reached[1:].any()
     assert np.isinf(np.asarray(frames.ys[1:])).all()
+
+
+def test_eager_advance_and_integrate_trace_their_step_once():
+    """Called eagerly (a loop over chunks of a run), advance and integrate traced and
+    compiled the step at every call (75 ms for 100 steps of a 1000-element state); they are
+    compiled once per step function, shapes and step count now, with the same numbers, and
+    a new t0 or dt does not compile again."""
+    from physjax.solvers import ssprk3_step
+
+    traced = []
+
+    def step(y, t, dt):
+        traced.append(1)
+        return ssprk3_step(lambda y, t: -y + jnp.sin(t), y, t, dt)
+
+    y = jnp.linspace(0.0, 1.0, 7)
+    a = advance(step, y, 0.0, 0.01, 50)
+    b = advance(step, a, 0.5, 0.01, 50)
+    c = advance(step, y, 0.0, 0.01, 100)  # another step count: compiled again
+    assert len(traced) == 2, len(traced)
+    np.testing.assert_allclose(b, c, rtol=1e-6, atol=1e-7)
+    traced.clear()
+    f1 = integrate(step, y, 0.0, 0.01, 4, 25)
+    f2 = integrate(step, y, 0.0, 0.02, 4, 25)
+    assert len(traced) == 1, len(traced)
+    np.testing.assert_allclose(f1[-1], c, rtol=1e-6, atol=1e-7)
+    assert not np.allclose(f1, f2)
