@@ -1034,6 +1034,30 @@ def test_a_solution_below_the_smallest_normal_number_is_not_converged(method):
         PoissonSolver(grid, "dirichlet", method).solve(f * 1e-36)
 
 
+@pytest.mark.parametrize("method", ["cg", "multigrid"])
+def test_a_solution_partly_flushed_to_zero_is_not_converged(method):
+    """|f| = 1e-36 on a 32² float32 Dirichlet square: u peaks at 7e-38, and the cells near
+    the walls (below 1.2e-38) are flushed to zero when the scaled iteration's u is scaled
+    back. It used to be reported converged with the residual the iteration reached (5e-6;
+    cg 1.2e-5) where the u returned has 6.8; 1e-32 (no flush) is still solved."""
+    grid = Grid((32, 32), (1.0, 1.0), periodic=False, dtype="float32")
+    f = np.full((32, 32), 1e-36, np.float32)
+    solver = PoissonSolver(grid, "dirichlet", method, throw=False)
+    sol = solver.solve(f)
+    u = np.asarray(sol.u)
+    assert 0 < int(np.sum(u == 0)) < u.size and np.abs(u).max() > 1e-38  # partly flushed
+    # the true residual of the u returned, in units where it is representable
+    r = np.asarray(solver.residual(jnp.asarray(u * np.float32(1e30)), f * np.float32(1e30)))
+    true = np.linalg.norm(r.astype(np.float64)) / np.linalg.norm(f.astype(np.float64) * 1e30)
+    assert true > 1
+    assert not bool(sol.converged)
+    assert float(sol.residual_norm) == pytest.approx(true, rel=1e-3)
+    with pytest.raises(RuntimeError, match="at a relative residual of 6.78"):
+        PoissonSolver(grid, "dirichlet", method).solve(f)
+    fine = solver.solve(f * np.float32(1e4))
+    assert bool(fine.converged) and float(fine.residual_norm) <= 2e-5
+
+
 def test_a_spectral_solution_flushed_to_zero_is_not_converged():
     """The spectral transforms are not scaled: u ~ 4e-39 in float32 comes back as zeros.
     It used to be reported converged (residual_norm 1); 1e-30 is still solved."""
