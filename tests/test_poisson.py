@@ -1071,6 +1071,22 @@ def test_a_spectral_solution_flushed_to_zero_is_not_converged():
     assert not bool(lost.converged) and float(lost.residual_norm) == 1.0
 
 
+def test_a_spectral_solution_partly_flushed_to_zero_is_not_converged():
+    """|f| = 1e-36 on a 32² float32 Dirichlet square: u peaks at 7e-38 and the cells near
+    the walls come back as zeros. It used to be reported converged with residual_norm 6.4;
+    the same f scaled by 1e4 (nothing flushed) is still converged."""
+    grid = Grid((32, 32), (1.0, 1.0), periodic=False, dtype="float32")
+    f = np.full((32, 32), 1e-36, np.float32)
+    solver = PoissonSolver(grid, "dirichlet", "spectral")
+    sol = solver.solve(f)
+    u = np.asarray(sol.u)
+    assert 0 < int(np.sum(u == 0)) < u.size and np.abs(u).max() > 1e-38
+    assert float(sol.residual_norm) == pytest.approx(6.35, rel=0.01)
+    assert not bool(sol.converged)
+    fine = solver.solve(f * np.float32(1e4))  # float32 round-off: 1.9e-5
+    assert bool(fine.converged) and float(fine.residual_norm) <= 1e-4
+
+
 def test_a_float32_spectral_solution_with_a_residual_above_f_is_converged():
     """On a strongly anisotropic float32 grid (cells 100 × 0.01 apart) the stencil's
     residual of the spectral solution, exact to round-off (2.5e-7 of the float64 one), is
