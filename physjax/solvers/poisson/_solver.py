@@ -654,13 +654,19 @@ class PoissonSolver(eqx.Module):
             # recomputed, in the scaled units, for u with those values zeroed, and a u whose
             # residual the flush more than doubled (beyond rtol) has not converged.
             flushed = mg.global_max(((u != 0) & (u_back == 0)).astype(b.dtype), fine) > 0
-            b_scaled = b / scale
-            r_kept = b_scaled - scaled_matvec(jnp.where(u_back == 0, 0, u))
-            b_norm2 = mg.global_dot(b_scaled, b_scaled, fine)
-            rel_kept = jnp.sqrt(mg.global_dot(r_kept, r_kept, fine)) / jnp.sqrt(
-                jnp.where(b_norm2 > 0, b_norm2, 1)
-            )
-            rel_kept = rel_kept.astype(info.residual_norm.dtype)
+
+            def kept_residual(_):
+                b_scaled = b / scale
+                r_kept = b_scaled - scaled_matvec(jnp.where(u_back == 0, 0, u))
+                b_norm2 = mg.global_dot(b_scaled, b_scaled, fine)
+                rel = jnp.sqrt(mg.global_dot(r_kept, r_kept, fine)) / jnp.sqrt(
+                    jnp.where(b_norm2 > 0, b_norm2, 1)
+                )
+                return rel.astype(info.residual_norm.dtype)
+
+            # (the extra operator application only where something was flushed: the
+            # predicate is global, every device takes the same branch)
+            rel_kept = lax.cond(flushed, kept_residual, lambda _: info.residual_norm, operand=None)
             spoilt = flushed & (rel_kept > 2 * jnp.maximum(info.residual_norm, self.rtol))
             info = info._replace(
                 converged=info.converged & ~lost & ~spoilt,
