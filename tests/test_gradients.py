@@ -783,8 +783,8 @@ def test_an_equinox_mlp_of_a_scalar_input_takes_points_of_shape_1():
 def test_recompute_under_vmap_of_a_closure_holds_no_per_point_cotangents():
     """jax.vmap of the per-point operator of a function that is not a layered model: its
     recomputation is a jax.checkpoint, differentiated as the vmapped block. As a per-point
-    custom VJP it formed every weight cotangent per point before the sum: 211 / 310 / 392 MB
-    against 46 / 78 / 142 MB without recompute (N = 4096, width 64, depth 2 / 4 / 8)."""
+    custom VJP it formed every weight cotangent per point before the sum: 211 / 310 / 392 MiB
+    against 46 / 78 / 142 MiB without recompute (N = 4096, width 64, depth 2 / 4 / 8)."""
 
     class Wrap(eqx.Module):
         net: pg.MLP
@@ -806,6 +806,25 @@ def test_recompute_under_vmap_of_a_closure_holds_no_per_point_cotangents():
         return compiled.memory_analysis().temp_size_in_bytes
 
     assert temp(True) <= 1.25 * temp(False), (temp(True), temp(False))
+
+
+def test_modified_mlp_temp_memory_figures_of_the_docs_are_mib():
+    """docs/gradients.md gives ModifiedMLP's gradient temp memory (width 64, N = 4096,
+    float32, depth 2) as 64 MiB with recompute=True and 65 MiB without: figures of 2^20
+    bytes (67.2 and 68.2 MB of 10^6 bytes, the unit of the page's benchmark tables)."""
+    xs = jnp.zeros((4096, 2), jnp.float32)
+    model = pg.ModifiedMLP(2, "scalar", 64, 2, key=jax.random.key(0), dtype=jnp.float32)
+
+    def temp_mib(recompute):
+        def loss(m):
+            return jnp.mean(pg.laplacian(m, batched=True, recompute=recompute)(xs) ** 2)
+
+        compiled = jax.jit(jax.grad(loss)).lower(model).compile()
+        return compiled.memory_analysis().temp_size_in_bytes / 2**20
+
+    with_recompute, without = temp_mib(True), temp_mib(False)
+    assert round(with_recompute) == 64, with_recompute
+    assert round(without) == 65, without
 
 
 def test_models_take_numpy_integer_sizes():
