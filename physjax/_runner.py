@@ -30,9 +30,17 @@ class SimulationBlewUp(RuntimeError):
         self.reason = reason
         where = "" if output is None else f" in {output}"
         super().__init__(
-            f"the run blew up ({reason}) at step {step}, t = {time:.6g} s; the {frames_written} "
-            f"frame(s) written before it are kept{where}. Lower dt (or --cfl) or add dissipation."
+            f"the run blew up ({reason}) at step {step}, t = {time:.6g} s; "
+            f"{_frames_kept(frames_written)}{where}. Lower dt (or --cfl) or add dissipation."
         )
+
+
+def _frames_kept(n: int) -> str:
+    if n == 0:
+        return "no frame was written before it"
+    if n == 1:
+        return "the 1 frame written before it is kept"
+    return f"the {n} frames written before it are kept"
 
 
 @jax.jit

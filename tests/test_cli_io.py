@@ -267,6 +267,12 @@ def test_blow_up_stops_with_step_and_keeps_frames(tmp_path, capsys):
         assert np.isfinite(ds["h"].values).all()
         assert ds["h"].values.min() > 0  # a thickness gone negative is a blow-up too
         assert ds["step"].values[-1] == step - 1  # every step saved: the last good one
+        kept = ds.sizes["time"]
+    assert f"; the {kept} frames written before it are kept in {out}." in err  # not frame(s)
+    from physjax._runner import SimulationBlewUp
+
+    one = str(SimulationBlewUp(step=3, time=30.0, frames_written=1, output="r.h5"))
+    assert "; the 1 frame written before it is kept in r.h5. Lower dt" in one
 
 
 @pytest.mark.parametrize(
