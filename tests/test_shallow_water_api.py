@@ -634,7 +634,7 @@ def test_strip_rows_docstring_describes_the_cache_rule():
     doc = " ".join(ShallowWater.__doc__.split())
     assert "no longer fits in the last-level cache" in doc
     assert "for fields of 4 MiB or more (725² float64, 1024² float32)" in doc
-    assert "(with 32 MiB of L3, from 576² float64 or 808² float32 up)" in doc
+    assert "(with 32 MiB of L3, from 569² float64 or 804² float32 up)" in doc
     assert "(e.g. 1024² float32 or float64)" not in doc
 
 

@@ -413,14 +413,16 @@ def test_automatic_strip_rows():
         assert m and 1536 % m == 0 and m <= 128
     # where blocking starts (docs/shallow_water.md): 13 fields over the cache, or 4 MiB fields
     for n, dtype, cache in [
-        (576, "float64", 32 * 2**20),
-        (808, "float32", 32 * 2**20),
-        (1744, "float64", 300 * 2**20),
-        (2464, "float32", 300 * 2**20),
+        (569, "float64", 32 * 2**20),
+        (804, "float32", 32 * 2**20),
+        (1740, "float64", 300 * 2**20),
+        (2460, "float32", 300 * 2**20),
         (725, "float64", None),
         (1024, "float32", None),
     ]:
-        assert auto(grid(n - 8, dtype), cache) == 0 and auto(grid(n, dtype), cache) > 0
+        # the first size that blocks, to the cell (the page said 576² and 808² for 32 MiB,
+        # 1744² and 2464² for 300 MiB: the multiples of 8 above them)
+        assert auto(grid(n - 1, dtype), cache) == 0 and auto(grid(n, dtype), cache) > 0
     # 300 MiB of L3: the plain step's 13 fields fit up to 1024² float64 and 2048² float32
     big = 300 * 2**20
     assert auto(grid(1024, "float64"), big) == 0

@@ -262,7 +262,7 @@ class ShallowWater(eqx.Module):
       overlap per step), so that a strip's intermediates stay in cache; the same arithmetic
       as the unblocked step. ``None`` (default): automatic, on the CPU only, once the plain
       step's working set (13 field-sized buffers) no longer fits in the last-level cache read
-      from Linux's sysfs (with 32 MiB of L3, from 576² float64 or 808² float32 up); where
+      from Linux's sysfs (with 32 MiB of L3, from 569² float64 or 804² float32 up); where
       the cache size cannot be read, for fields of 4 MiB or more (725² float64, 1024² float32);
       ``0``: never; a number of rows from 3 to ``ny``: always (on one device; a run split
       over a mesh steps each block unblocked). When it does not divide ``ny``, the first
