@@ -503,19 +503,26 @@ print(script, "done")
 '''
 
 
-def test_gpu_check_leaves_the_device_tool_at_most_eight_files(tmp_path):
-    """The device tool brings back at most 8 files from $OUT; with CARRY=1 and EXTRAS=1 the
-    GPU check wrote 16 there (six compiled programs of the padded-carry experiment among
-    them), so half of a run's results never came back. Beyond 8 it packs all but its own
-    three into one archive."""
+def _gpu_check_stub(tmp_path):
+    """The stand-in interpreter for benchmarks/gpu_check.sh (skips without bash and tar)."""
     import shutil
-    import tarfile
 
     if shutil.which("bash") is None or shutil.which("tar") is None:
         pytest.skip("needs bash and tar")
     stub = tmp_path / "python"
     stub.write_text(_GPU_CHECK_STUB.replace("PYTHON", sys.executable, 1))
     stub.chmod(0o755)
+    return stub
+
+
+def test_gpu_check_leaves_the_device_tool_at_most_eight_files(tmp_path):
+    """The device tool brings back at most 8 files from $OUT; with CARRY=1 and EXTRAS=1 the
+    GPU check wrote 16 there (six compiled programs of the padded-carry experiment among
+    them), so half of a run's results never came back. Beyond 8 it packs all but its own
+    three into one archive."""
+    import tarfile
+
+    stub = _gpu_check_stub(tmp_path)
     out = tmp_path / "out"
     done = subprocess.run(
         ["bash", "benchmarks/gpu_check.sh"],
@@ -540,14 +547,9 @@ def test_gpu_check_keeps_within_its_budget_when_a_step_hangs(tmp_path):
     pass the device tool's 600 s per command, stopping the script before it packed its
     files. Each step now gets what BUDGET leaves: a hanging step is cut short and the
     script still ends in time, its files packed."""
-    import shutil
     import time
 
-    if shutil.which("bash") is None or shutil.which("tar") is None:
-        pytest.skip("needs bash and tar")
-    stub = tmp_path / "python"
-    stub.write_text(_GPU_CHECK_STUB.replace("PYTHON", sys.executable, 1))
-    stub.chmod(0o755)
+    stub = _gpu_check_stub(tmp_path)
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out), PYTHON=str(stub), SIZES="16 32", EXTRAS="1")
     env.update(BUDGET="40", STUB_HANGS="sw_padded_carry.py")
