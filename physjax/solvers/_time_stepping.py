@@ -376,7 +376,45 @@ class _VectorField(eqx.Module):
         return self.rhs(y, t, args) if self.with_args else self.rhs(y, t)
 
 
+# Inputs whose right-hand side was already checked, by structure, shapes and dtypes (what
+# jax.eval_shape sees): tracing the shallow-water right-hand side for the check took ~8 ms,
+# half of a repeated small eager solve_diffrax call.
+_CHECKED_FIELDS: dict = {}
+
+
+def _shape_key(tree: PyTree):
+    """A hashable key of ``tree``'s structure and of its leaves' shapes and dtypes (other
+    leaves by value), or ``None`` where some part is not hashable."""
+    leaves, treedef = jax.tree.flatten(tree)
+    parts = []
+    for leaf in leaves:
+        if isinstance(leaf, (jax.Array, np.ndarray, np.generic)):
+            weak = bool(getattr(leaf, "weak_type", False))
+            parts.append((tuple(np.shape(leaf)), str(jnp.result_type(leaf)), weak))
+        else:
+            parts.append((type(leaf), leaf))
+    key = (treedef, tuple(parts))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def _check_vector_field(field: _VectorField, y0: PyTree, t0, args) -> None:
+    key = None
+    if not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((field, y0, t0, args))):
+        key = _shape_key((field, y0, t0, args))
+        if key is not None and key in _CHECKED_FIELDS:
+            return
+    _check_vector_field_once(field, y0, t0, args)
+    if key is not None:
+        if len(_CHECKED_FIELDS) >= 256:
+            _CHECKED_FIELDS.clear()
+        _CHECKED_FIELDS[key] = True
+
+
+def _check_vector_field_once(field: _VectorField, y0: PyTree, t0, args) -> None:
     """Refuse, by tracing ``rhs`` once for shapes (nothing runs or compiles), a right-hand
     side whose output is not a tree of ``y0``'s structure and shapes with dtypes that fit
     ``y0``'s: a float64 parameter in ``args`` with a float32 state (x64 on) made diffrax fail
