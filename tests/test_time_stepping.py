@@ -110,6 +110,24 @@ def test_a_state_with_float32_and_float64_leaves_takes_a_float64_dt(name):
     assert float(frames["b"][-1]) == float(runs[0]["b"])
 
 
+@pytest.mark.parametrize("name", ["euler", "ssprk3", "rk4"])
+def test_a_time_dependent_rhs_on_a_mixed_precision_state_keeps_each_leafs_dtype(name):
+    """A right-hand side that multiplies the float32 leaf by the time (taken in float64
+    when the state's leaves differ) made that leaf float64, and ``lax.scan`` refused the
+    carry; each leaf now keeps its dtype and follows y = exp(-t²/2)."""
+    step = SCHEMES[name][0]
+
+    def rhs(y, t):
+        return {"a": -y["a"] * t, "b": -y["b"] * t}
+
+    y0 = {"a": jnp.ones(3, jnp.float32), "b": jnp.ones(3, jnp.float64)}
+    y = advance(lambda y, t, dt: step(rhs, y, t, dt), y0, 0.0, 0.01, 100)
+    assert (y["a"].dtype, y["b"].dtype) == (jnp.float32, jnp.float64)
+    tol = 5e-3 if name == "euler" else 1e-6
+    assert np.max(np.abs(np.asarray(y["a"]) - np.exp(-0.5))) < tol
+    assert np.max(np.abs(np.asarray(y["b"]) - np.exp(-0.5))) < tol
+
+
 def test_a_solve_stopped_by_max_steps_returns_what_the_docs_say():
     """With throw=False a solve that reaches max_steps returns: frames of SaveAt(ts=...) it
     did not reach are inf, and the default SaveAt(t1=True) holds the state where it stopped

@@ -29,10 +29,17 @@ Block = tuple[int, Callable]
 
 
 def _axpy(a, x, y):
-    """a·x + y, with ``a`` (a time step) taken in each leaf's real dtype: a float64 ``dt``
-    (NumPy or JAX) promoted the float32 leaves of a state that also has float64 ones, and
-    ``lax.scan`` refused the carry ('carry input ... float32 ... output ... float64')."""
-    return jax.tree.map(lambda xi, yi: _in_leaf_dtype(a, yi) * xi + yi, x, y)
+    """a·x + y in the dtype of each leaf of ``y``, with ``a`` (a time step) taken in the
+    leaf's real dtype: a float64 ``dt`` (NumPy or JAX), or a right-hand side that multiplies
+    a float32 leaf by a float64 time, promoted the float32 leaves of a state that also has
+    float64 ones, and ``lax.scan`` refused the carry ('carry input ... float32 ... output
+    ... float64'). The state's dtypes are its precision; a no-op where they already match."""
+    return jax.tree.map(lambda xi, yi: _as_leaf(_in_leaf_dtype(a, yi) * xi + yi, yi), x, y)
+
+
+def _as_leaf(value, leaf):
+    dtype = jnp.result_type(leaf)
+    return value.astype(dtype) if jnp.issubdtype(dtype, jnp.inexact) else value
 
 
 def _in_leaf_dtype(a, leaf):
