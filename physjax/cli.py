@@ -191,7 +191,10 @@ def resolve_settings(
     """Merge command line over config file; ``None`` means not given."""
     settings: dict[str, Any] = {"parameters": {}}
     if getattr(args, "config", None) is not None:
-        settings.update(load_config(args.config, keys, parameters))
+        loaded = load_config(args.config, keys, parameters)
+        settings.update(loaded)
+        # for error messages: an option's bad value may come from the file, not the line
+        args._config_settings = {k: v for k, v in loaded.items() if k != "parameters"}
     for pair in EXCLUSIVE:
         given = [k for k in pair if getattr(args, k, None) is not None]
         if len(given) == 2 or (not given and all(k in settings for k in pair)):
@@ -221,6 +224,20 @@ def resolve_settings(
                 settings[key] = n
                 settings.setdefault("_given_as", {})[key] = f"--n {n!r}"
     return settings
+
+
+def _config_hint(args: argparse.Namespace, message: str) -> str:
+    """`` (from nx = -4 in --config 'run.toml')`` when ``message`` starts with an option
+    (``--nx must be ...``) whose value came from the config file, else ``''``: the message
+    names the option, which the user did not type."""
+    m = re.match(r"--([a-z][a-z0-9-]*)\b", message)
+    from_config = getattr(args, "_config_settings", None) or {}
+    if m is None:
+        return ""
+    key = m.group(1).replace("-", "_")
+    if key not in from_config or getattr(args, key, None) is not None:
+        return ""
+    return f" (from {key} = {from_config[key]!r} in --config {args.config!r})"
 
 
 def _parse_devices(text: str) -> int | tuple[int, ...]:
@@ -1656,7 +1673,7 @@ def _main(argv: list[str] | None) -> int:
         if getattr(e, "_physjax_unforeseen", False):  # mid-run, a bug: its traceback
             raise
         notes = "".join(f"\n{note}" for note in getattr(e, "__notes__", ()))  # where a run stopped
-        _note(f"physjax {args.command}: error: {e}{notes}")
+        _note(f"physjax {args.command}: error: {e}{_config_hint(args, str(e))}{notes}")
         return 2
     except RunInterrupted as e:
         _note(f"physjax {args.command}: {e}")

@@ -167,6 +167,26 @@ def test_config_values_of_the_wrong_type_name_the_setting(tmp_path, capsys, toml
     assert not out.exists()
 
 
+def test_a_bad_value_from_the_config_file_says_it_came_from_there(tmp_path, capsys):
+    """A well-typed but bad value in the config file was reported as '--nx must be a
+    positive integer, got -4', an option the user never typed; the message now names the
+    file and key, and a value given on the command line is reported as before."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("nx = -4\ndt = -2\n")
+    out = tmp_path / "o.h5"
+    code, err = _error(capsys, ["shallow-water", "--config", str(cfg), "--output", str(out)])
+    assert code == 2
+    assert f"--nx must be a positive integer, got -4 (from nx = -4 in --config {str(cfg)!r})" in err
+    code, err = _error(
+        capsys, ["shallow-water", "--config", str(cfg), "--nx", "0", "--output", str(out)]
+    )
+    assert code == 2 and err.rstrip().endswith("--nx must be a positive integer, got 0")
+    cfg.write_text("nx = -4\n")
+    code, err = _error(capsys, ["poisson", "--config", str(cfg), "--output", str(out)])
+    assert code == 2 and f"(from nx = -4 in --config {str(cfg)!r})" in err
+    assert not out.exists()
+
+
 def test_wrong_parameter_type_on_the_command_line(tmp_path, capsys):
     code, err = _error(
         capsys,
