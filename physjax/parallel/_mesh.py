@@ -8,6 +8,7 @@ from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
@@ -294,7 +295,10 @@ def error_if(x: jax.Array, pred, message: str, grid: Grid, mesh: Mesh | None) ->
     allowed, under ``vmap`` or not), safe on a mesh: with several devices it runs inside
     ``shard_map`` on each device's block with the replicated predicate, so that every device
     raises at the same point. An ``x`` that is not field-shaped (a scalar parameter) is
-    checked replicated. Called eagerly, ``x`` and ``pred`` are first placed on the mesh
+    checked replicated. ``pred`` may be one flag or an array of them, e.g. ``x < 0`` (any
+    true raises, as for ``eqx.error_if``): an array is reduced to one flag first, so that
+    it is not gathered onto every device. Called eagerly, ``x`` and ``pred`` are first
+    placed on the mesh
     ([`place_on_mesh`][physjax.parallel.place_on_mesh]).
 
     Applied to a sharded field directly, equinox's callback runs on device 0 alone: XLA
@@ -321,6 +325,11 @@ def _error_if_on_blocks(x, pred, message: str, grid: Grid, mesh: Mesh):
     # laid on the leading axes of (2, ny, nx), which were split, and (3, ny, nx) or a
     # non-field array stopped with shard_map's message
     spec = _specs(x, grid, mesh)
+    if jnp.ndim(pred) > 0:
+        # eqx.error_if raises when any element is true: reduce here, a local reduction and
+        # a scalar all-reduce; taken whole into shard_map (replicated), a field-shaped
+        # predicate (x < 0) was gathered onto every device at every call
+        pred = jnp.any(pred)
     return jax.shard_map(
         lambda block, p: eqx.error_if(block, p, message),
         mesh=mesh,
