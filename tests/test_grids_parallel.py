@@ -1,5 +1,6 @@
 """Grids, halo filling, stencils and the parallel layer."""
 
+import functools
 import re
 
 import jax
@@ -113,6 +114,39 @@ def test_fill_halo_periodic_and_walls():
     np.testing.assert_array_equal(u[1:-1, -1], 0.0)
     with pytest.raises(ValueError, match="does not match the grid"):
         fill_halo(jnp.zeros((3, 5)), w)
+
+
+@pytest.mark.multidevice
+@pytest.mark.parametrize("layout", [None, (2, 2)])
+def test_fill_halo_on_walls_keeps_the_fields_dtype(layout):
+    """The wall ghosts of a centre field were ``parity * mirror``: a bool mask (land/sea)
+    came back as an int64 array on a walled axis (bool on a periodic one), on which
+    ``~padded`` is -2 or -1, true everywhere; a NumPy float parity made a float32 field
+    float64. The ghosts are the mirror, negated for odd parity, in the field's dtype."""
+    g = Grid((8, 12), (1.0, 1.0), periodic=(False, True), halo=2)
+    mask = np.ones(g.shape, bool)  # sea, with land cells by a wall and the periodic edges
+    mask[0, 0] = mask[7, 5] = mask[3, 11] = False
+    ref = np.pad(mask, ((2, 2), (0, 0)), mode="symmetric")
+    ref = np.pad(ref, ((0, 0), (2, 2)), mode="wrap")
+
+    def land_within_two_cells(grid, m):  # uses every ghost
+        land = ~fill_halo(m, grid)
+        ny, nx = grid.local_shape
+        near = [land[j : j + ny, i : i + nx] for j in range(5) for i in range(5)]
+        return functools.reduce(jnp.logical_or, near)
+
+    if layout is None:
+        near = land_within_two_cells(g, jnp.asarray(mask))
+    else:
+        near = shard_map_fields(land_within_two_cells, g, make_mesh(layout))(mask)
+    expected = np.zeros(g.shape, bool)
+    for j in range(5):
+        for i in range(5):
+            expected |= ~ref[j : j + 8, i : i + 12]
+    assert near.dtype == jnp.bool_
+    np.testing.assert_array_equal(np.asarray(near), expected)
+    f = jnp.ones(g.shape, jnp.float32)
+    assert fill_halo(f, g, parity=(np.float64(-1.0), np.float64(1.0))).dtype == jnp.float32
 
 
 def test_halo_helpers_refuse_what_they_used_to_misread():

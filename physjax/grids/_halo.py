@@ -30,10 +30,12 @@ def _wall_ghosts(
     n = field.shape[axis]
     take = lambda a, b: lax.slice_in_dim(field, a, b, axis=axis)
     if stagger == "centre":
-        # Wall half a cell beyond the first/last value: mirror about it.
-        low = parity * _flip(take(0, width), axis)
-        high = parity * _flip(take(n - width, n), axis)
-        return low, high
+        # Wall half a cell beyond the first/last value: mirror about it. Negated, not
+        # multiplied by the parity: 1 * a bool mask made it an integer array (int64 under
+        # x64, on which ~mask is -2, true), and a NumPy float parity promoted float32
+        low = _flip(take(0, width), axis)
+        high = _flip(take(n - width, n), axis)
+        return (low, high) if parity == 1 else (-low, -high)
     if parity != -1:
         raise ValueError(
             "a face-located field on a walled axis must have odd parity (-1): it is the normal "
