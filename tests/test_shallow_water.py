@@ -91,6 +91,17 @@ def test_zonal_jet_stays_steady():
     assert float(jnp.max(jnp.abs(h_bad - 1000.0))) / dh > 1e-3
 
 
+def test_a_balanced_jet_has_the_mean_depth_asked_for_or_is_refused():
+    # a strong jet: two passes of the mean shift left its mean at 1002.18 m, not 1000
+    case = make_case("zonal-jet", nx=32, ny=16, precision="float64", jet_speed=100.0)
+    assert abs(float(jnp.mean(case.state.h)) - 1000.0) <= 1e-9
+    assert float(jnp.max(jnp.abs(case.model.rhs(case.state, 0.0).v))) <= 1e-15
+    # a jet no thickness of that mean balances is refused: it was built with a row's
+    # Newton solve unconverged, mean 875.7 m and max |dv/dt| 8.4e-3 m/s² (a third of f U)
+    with pytest.raises(ValueError, match=r"jet_speed=250.0 gives no valid initial state: no "):
+        make_case("zonal-jet", nx=32, ny=16, precision="float64", jet_speed=250.0)
+
+
 WAVE_H, WAVE_G, WAVE_F = 100.0, 9.81, 1e-4
 
 

@@ -114,8 +114,9 @@ def balanced_jet_thickness(
     With v = 0 and fields independent of x, the discrete v-equation of
     [`physjax.solvers.ShallowWater`][] at each interior y-face ``j`` reads
     ``q_j (U_j + U_{j-1})/2 + (B_j − B_{j−1})/dy = 0``; it is solved for ``h_j`` by Newton's
-    method, marching north from the southern row (float64), then shifted so the mean is
-    ``mean_depth`` by a second pass.
+    method, marching north from the southern row (float64), and the southern value is
+    adjusted until the mean is ``mean_depth`` (to 1e-12 of it). A jet that no thickness of
+    that mean holds in balance (each row's solve must converge) raises a ``ValueError``.
     """
     ny = grid.shape[0]
     dy = grid.dy
@@ -143,12 +144,33 @@ def balanced_jet_thickness(
                 hj -= step
                 if abs(step) <= 1e-15 * abs(hj):
                     break
+            if not abs(step) <= 1e-9 * max(abs(hj), 1.0):
+                raise ValueError(
+                    f"no layer thickness of mean depth {mean_depth:g} m holds this jet in "
+                    f"discrete geostrophic balance (the balance of y-face row {j} has no "
+                    f"solution near the row south of it): the jet is too strong for the "
+                    f"depth; weaken the jet or deepen the layer"
+                )
             h[j] = hj
         return h
 
-    h = march(mean_depth)
-    h = march(mean_depth - (h.mean() - mean_depth))
-    return np.broadcast_to(h[:, None], grid.shape).copy()
+    # start from the balance with the two rows' thickness weighted alike (nearly the
+    # discrete one), then move the southern value until the mean is mean_depth
+    a = f[1:] - np.diff(u) / dy
+    drop = (dy * a * (u[1:] + u[:-1]) / 2 + 0.5 * np.diff(u**2)) / gravity
+    h0 = mean_depth + np.mean(np.concatenate(([0.0], np.cumsum(drop))))
+    for _ in range(50):
+        h = march(h0)
+        miss = h.mean() - mean_depth
+        if abs(miss) <= 1e-12 * mean_depth:
+            return np.broadcast_to(h[:, None], grid.shape).copy()
+        h0 -= miss
+    raise ValueError(
+        f"no layer thickness of mean depth {mean_depth:g} m holds this jet in discrete "
+        f"geostrophic balance (the mean could not be brought to {mean_depth:g} m, missing "
+        f"by {miss:.3g} m): the jet is too strong for the depth; weaken the jet or deepen the "
+        f"layer"
+    )
 
 
 def _balanced_jet(grid: Grid, p: dict) -> tuple[np.ndarray, np.ndarray]:
