@@ -687,6 +687,11 @@ def test_zonal_jet_end_time_follows_the_coriolis_parameter():
     # no rotation, no inertial period: the nominal default
     still = make_case("zonal-jet", nx=8, ny=8, coriolis=0.0)
     assert still.t_end == pytest.approx(20 * np.pi / 1e-4)
+    # an f so near 0 that 20π/|f| overflows is as f = 0: it was refused, 'parameter t_end must
+    # be a finite number, got inf', naming a t_end never given (the command line's --t-end
+    # too: make_case builds its default all the same)
+    tiny = make_case("zonal-jet", nx=8, ny=8, coriolis=1e-310)
+    assert tiny.t_end == pytest.approx(20 * np.pi / 1e-4)
     # other cases keep their fixed default
     assert make_case("gravity-wave", nx=8, ny=8, coriolis=5e-5).t_end == 86400.0
 

@@ -321,9 +321,10 @@ _COMMON = {"gravity": 9.81, "coriolis": 1e-4, "drag": 0.0, "viscosity": 0.0}
 
 
 def _ten_inertial_periods(p: dict[str, Any]) -> float:
-    """10 inertial periods, 20π/|f|; the nominal default when f = 0 (no inertial period)."""
+    """10 inertial periods, 20π/|f|; the nominal default when f = 0 (no inertial period),
+    or so close to 0 (|f| < 3.5e-307) that 20π/|f| overflows."""
     f = p["coriolis"]
-    if _is_real(f) and math.isfinite(f) and f != 0:
+    if _is_real(f) and math.isfinite(f) and f != 0 and math.isfinite(20 * math.pi / abs(f)):
         return 20 * math.pi / abs(f)
     return 20 * math.pi / _COMMON["coriolis"]
 
