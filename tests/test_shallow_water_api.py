@@ -581,6 +581,26 @@ def test_run_times_keep_a_float32_model_dtype():
     np.testing.assert_array_equal(sol.ts, [150.0, 270.0])
 
 
+def test_run_refuses_frame_times_its_dtype_cannot_hold():
+    """A float32 run from t0 = 10 years (3.1536e8 s, where float32 times are 32 s apart)
+    returned frames 96, 192, 288, 384, 512 s after t0 for dt = 100 s, without a word, where
+    solve_diffrax refuses such times; run now refuses them before compiling. Times the
+    dtype holds (a year, 3.1536e7 s) and float64 still run."""
+    c = make_case("gravity-wave", nx=8, ny=8, precision="float32")
+    m, s = c.model, c.state
+    with pytest.raises(
+        ValueError,
+        match=r"^t0=315360000\.0 s with dt=100\.0 s: the model's dtype float32 holds frame "
+        r"\d's time .* count the times from a nearer origin \(e\.g\. t0=0\) or use float64",
+    ):
+        m.run(s, dt=100.0, n_steps=5, t0=3.1536e8, save_every=1)
+    sol = m.run(s, dt=100.0, n_steps=4, t0=3.1536e7, save_every=2)
+    np.testing.assert_array_equal(np.asarray(sol.ts, np.float64) - 3.1536e7, [200.0, 400.0])
+    c64 = make_case("gravity-wave", nx=8, ny=8, precision="float64")
+    sol = c64.model.run(c64.state, dt=100.0, n_steps=5, t0=3.1536e8, save_every=1)
+    np.testing.assert_array_equal(sol.ts - 3.1536e8, [100.0, 200.0, 300.0, 400.0, 500.0])
+
+
 def test_solve_diffrax_default_tolerances_suit_a_float32_model():
     """rtol 1e-6 is a few float32 ulps: the controller took 1 363 steps for a day of this
     channel (float64: 77), and 33 823 over ten days, past diffrax's own limit of 4096.

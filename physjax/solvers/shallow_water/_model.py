@@ -35,6 +35,7 @@ from ...parallel._mesh import _specs
 from .._time_stepping import (
     DAMPING_LIMITS,
     SCHEMES,
+    SPAN_RTOL,
     advance,
     check_diffrax_options,
     check_time_span,
@@ -954,22 +955,30 @@ class ShallowWater(eqx.Module):
         flow through walls — ``u[:, 0] = 0`` on a walled x axis, ``v[0, :] = 0`` on a walled y
         axis, as [`initial_state`][physjax.solvers.ShallowWater.initial_state] makes it), the
         counts, ``t0``, the mesh, and ``dt`` against the stability limit (see
-        [`check_dt`][physjax.solvers.ShallowWater.check_dt]; not while traced).
+        [`check_dt`][physjax.solvers.ShallowWater.check_dt]; not while traced). ``sol.ts``
+        is held in the model's dtype: a ``t0`` and ``dt`` whose frame times it moves by more
+        than 0.1% of the interval between frames (float32 far from ``t0 = 0``) are refused.
         """
         self._check_state(state)
         save_every = n_steps if save_every is None else save_every
         _check_counts(n_steps, save_every)
         n_steps, save_every = int(n_steps), int(save_every)
-        _check_time("t0", t0)
+        a = _check_time("t0", t0)
         if mesh is not None:
             self.check_mesh(mesh)
         self.check_dt(state, dt)
         n_frames = n_steps // save_every
-        t0_, dt_ = jnp.asarray(t0, self.grid.dtype), jnp.asarray(dt, self.grid.dtype)
+        dtype = self.grid.dtype
+        if a is not None and is_concrete(dt):
+            # the frame times in float64, rounded once to the model's dtype, and refused where
+            # that moves them (float32 times 3e8 s from the origin are 32 s apart)
+            ts = _frame_times(a, float(np.asarray(dt)), save_every, n_frames, dtype)
+        else:
+            ts = t0 + dt * save_every * jnp.arange(1, n_frames + 1, dtype=dtype)
+            ts = ts.astype(dtype)  # a NumPy float64 dt or t0 made them float64
+        t0_, dt_ = jnp.asarray(t0, dtype), jnp.asarray(dt, dtype)
         model, state = self._on_mesh(state, mesh)
         frames = _run_frames(model, state, t0_, dt_, n_frames, save_every, mesh)
-        ts = t0 + dt * save_every * jnp.arange(1, n_frames + 1, dtype=self.grid.dtype)
-        ts = ts.astype(self.grid.dtype)  # a NumPy float64 dt or t0 made them float64
         return ShallowWaterSolution(ts=ts, states=frames)
 
     def advance(
@@ -1159,6 +1168,28 @@ class ShallowWater(eqx.Module):
                 f"{k} of {n}) holds NaN/Inf although diffrax reported success; {hint} "
                 f"(throw=False returns the solution as it is)"
             )
+
+
+def _frame_times(t0: float, dt: float, save_every: int, n_frames: int, dtype) -> Array:
+    """``run``'s frame times ``t0 + dt·save_every·k`` (k = 1 … n_frames) in ``dtype``, refused
+    (``ValueError``) where that dtype moves one by more than ``SPAN_RTOL`` of the interval
+    between frames, as ``solve_diffrax`` refuses such a span: a float32 run from
+    ``t0=3.1536e8`` (10 years) with ``dt=100`` returned frames 96, 192, 288, 384, 512 s
+    after ``t0``."""
+    interval = dt * save_every
+    exact = t0 + interval * np.arange(1, n_frames + 1, dtype=np.float64)
+    with np.errstate(over="ignore"):
+        held = exact.astype(dtype)
+    error = np.abs(held.astype(np.float64) - exact)  # inf where the dtype overflows
+    if not error.max() <= SPAN_RTOL * interval:
+        k = int(np.argmax(np.where(np.isnan(error), np.inf, error)))
+        raise ValueError(
+            f"t0={t0!r} s with dt={dt!r} s: the model's dtype {np.dtype(dtype)} holds frame "
+            f"{k}'s time {float(exact[k])!r} s as {float(held[k])!r} s, {error[k]:.3g} s off, more "
+            f"than {SPAN_RTOL:g} of the {interval:g} s between frames: count the times from a "
+            f"nearer origin (e.g. t0=0) or use float64"
+        )
+    return jnp.asarray(held)
 
 
 def _check_saveat_ts(saveat, t0: np.ndarray, t1: np.ndarray) -> None:
