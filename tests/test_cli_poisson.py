@@ -1514,10 +1514,13 @@ def test_an_empty_output_is_refused_by_name(tmp_path, capsys, monkeypatch):
     physjax shallow-water refuses it, before anything is written."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "e.toml").write_text('n = 8\noutput = ""\n')
-    for argv in (["--n", "8", "--output", ""], ["--config", "e.toml"]):
+    for argv, where in (
+        (["--n", "8", "--output", ""], ""),
+        (["--config", "e.toml"], " (from output = '' in --config 'e.toml')"),
+    ):
         assert main(["poisson", "--quiet", *argv]) == 2
         err = capsys.readouterr().err
-        assert err == "physjax poisson: error: --output must name a file, got ''\n", err
+        assert err == f"physjax poisson: error: --output must name a file, got ''{where}\n", err
     assert os.listdir(tmp_path) == ["e.toml"]
 
 
