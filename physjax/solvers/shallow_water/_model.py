@@ -1059,8 +1059,10 @@ class ShallowWater(eqx.Module):
         and ``v``): lower ``atol`` for small-amplitude motions (docs/shallow_water.md).
 
         The model travels to the vector field through diffrax's ``args``, so gradients with
-        respect to its parameters work with every adjoint (``diffrax.BacksolveAdjoint``
-        included). Times are taken in the model's dtype (``sol.ts`` and ``sol.ys`` keep it):
+        respect to its parameters work with every adjoint that differentiates the solve
+        (``diffrax.BacksolveAdjoint`` included; not ``diffrax.ImplicitAdjoint``, which
+        assumes a steady state ``f(y1) = 0`` and is wrong for any other solve). Times are
+        taken in the model's dtype (``sol.ts`` and ``sol.ys`` keep it):
         ``t0`` and ``t1`` whose span ``t1 - t0`` that dtype moves by more than 0.1% are
         refused (float32 times 1e9 s from the origin are 64 s apart; count them from a
         nearer origin, or use float64).
