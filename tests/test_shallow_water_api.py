@@ -1,5 +1,9 @@
 """Shallow-water library API: input checks, transformations (jit/grad/vmap), diffrax paths."""
 
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import diffrax
@@ -1449,6 +1453,53 @@ def test_backsolve_gradient_on_a_mesh_raises_when_its_backward_solve_fails():
     assert abs(float(jax.grad(loss)(r0, mesh)) - one) <= 1e-6 * abs(one)
     with pytest.raises(Exception, match=r"maximum number of solver steps was reached"):
         jax.block_until_ready(jax.grad(loss)(r0, mesh, n))
+
+
+_TRACED_SAVE_TIMES_SCRIPT = """
+import jax
+jax.config.update("jax_enable_x64", True)
+import diffrax, jax.numpy as jnp
+from physjax.parallel import make_mesh
+from physjax.solvers.shallow_water import make_case
+
+c = make_case("geostrophic-adjustment", nx=8, ny=8, precision="float64")
+m, s, mesh = c.model, c.state, make_mesh((2, 2))
+t1 = 3 * m.max_stable_dt(s, 0.5)
+
+
+@jax.jit
+def solve(t1, ts):
+    return m.solve_diffrax(s, 0.0, t1, saveat=diffrax.SaveAt(ts=ts), mesh=mesh).ys.h
+
+
+ts = jnp.array([0.0, t1])
+ref = m.solve_diffrax(s, 0.0, t1, saveat=diffrax.SaveAt(ts=ts)).ys.h
+ok = float(jnp.max(jnp.abs(solve(t1, ts) - ref)))
+print("equal to one device:", ok <= 1e-12)
+for bad in ([0.0, 2 * t1], [t1, 0.0]):
+    try:
+        jax.block_until_ready(solve(t1, jnp.array(bad)))
+    except Exception as e:
+        print("raised:", "saveat.ts must lie between t0 and t1" in str(e))
+"""
+
+
+@pytest.mark.multidevice
+def test_traced_save_times_outside_the_span_on_a_mesh_raise_rather_than_abort():
+    """With ``t1`` or ``SaveAt(ts=...)`` traced (inside ``jit``) they cannot be checked
+    before the solve, and diffrax's own check (``eqx.error_if`` on ``ts``) ran its callback
+    on device 0 alone: a time outside the span, or out of order, left the other devices
+    waiting at the next collective until XLA aborted the process (after 40 s). They are now
+    checked on every device's block; run in a child process, which the old code killed."""
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_TRACED_SAVE_TIMES_SCRIPT)],
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split("\n")[:3] == ["equal to one device: True"] + ["raised: True"] * 2
 
 
 @pytest.mark.multidevice

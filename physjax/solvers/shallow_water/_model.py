@@ -30,7 +30,7 @@ from ...grids import (
     interp_y_f2c,
 )
 from ...grids._grid import require_enabled_dtype
-from ...parallel import decompose, place_on_mesh, shard, shard_map_fields
+from ...parallel import decompose, error_if, place_on_mesh, shard, shard_map_fields
 from ...parallel._mesh import _specs
 from .._time_stepping import (
     DAMPING_LIMITS,
@@ -1133,6 +1133,7 @@ class ShallowWater(eqx.Module):
             # device 0 alone: a solve that reached max_steps left the other devices waiting
             # at the next collective until XLA aborted the process
             kwargs["throw"] = False
+            state = _check_traced_save_times(state, t0, t1, kwargs, self.grid, mesh)
             if isinstance(kwargs.get("adjoint"), diffrax.BacksolveAdjoint):
                 # its backward solves take the forward's throw=False: one that reached
                 # max_steps gave a gradient 5% off without a word (one device raises)
@@ -1239,6 +1240,50 @@ def _frame_times(t0: float, dt: float, save_every: int, n_frames: int, dtype) ->
             f"nearer origin (e.g. t0=0) or use float64"
         )
     return jnp.asarray(held)
+
+
+def _check_traced_save_times(state, t0, t1, kwargs: dict, grid: Grid, mesh):
+    """On a mesh, ``SaveAt(ts=...)`` times that cannot be checked eagerly (traced: ``t0``,
+    ``t1`` or ``ts`` inside ``jit``/``grad``/``vmap``) are checked here, raising on every
+    device's block (``physjax.parallel.error_if`` on ``state.h``, which the solve then
+    reads); ``kwargs["saveat"]`` gets times diffrax's own check passes (``t0`` to ``t1``
+    evenly where any is bad, so that its error never fires): that check is ``eqx.error_if``
+    on device 0 alone, and a time outside the span left the other devices waiting at the
+    next collective until XLA aborted the process (40 s). Returns the state."""
+    saveat = kwargs.get("saveat")
+    if saveat is None:
+        return state
+    is_sub = lambda x: isinstance(x, diffrax.SubSaveAt)  # noqa: E731
+    subs = jax.tree.leaves(saveat.subs, is_leaf=is_sub)
+    if all(s.ts is None or is_concrete(s.ts) for s in subs) and is_concrete(t0) and is_concrete(t1):
+        return state  # checked already by _check_saveat_ts
+    preds = []
+
+    def check(sub):
+        if not is_sub(sub) or sub.ts is None or jnp.ndim(sub.ts) != 1 or sub.ts.shape[0] == 0:
+            return sub
+        ts = sub.ts
+        forward = t1 >= t0
+        order = jnp.where(forward, ts[1:] < ts[:-1], ts[1:] > ts[:-1])
+        bad = jnp.any(order) | jnp.any(
+            (ts > jnp.maximum(t0, t1)) | (ts < jnp.minimum(t0, t1)) | jnp.isnan(ts)
+        )
+        preds.append(bad)
+        safe = jnp.where(bad, jnp.linspace(t0, t1, ts.shape[0], dtype=ts.dtype), ts)
+        return eqx.tree_at(lambda s: s.ts, sub, safe)
+
+    subs = jax.tree.map(check, saveat.subs, is_leaf=is_sub)
+    if not preds:
+        return state
+    kwargs["saveat"] = eqx.tree_at(lambda s: s.subs, saveat, subs)
+    h = error_if(
+        state.h,
+        jnp.any(jnp.stack(preds)),
+        "saveat.ts must lie between t0 and t1 and run from t0 towards t1",
+        grid,
+        mesh,
+    )
+    return eqx.tree_at(lambda s: s.h, state, h)
 
 
 def _check_saveat_ts(saveat, t0: np.ndarray, t1: np.ndarray) -> None:
