@@ -1481,11 +1481,15 @@ for bad in ([0.0, 2 * t1], [t1, 0.0]):
         jax.block_until_ready(solve(t1, jnp.array(bad)))
     except Exception as e:
         print("raised:", "saveat.ts must lie between t0 and t1" in str(e))
+try:
+    jax.block_until_ready(jax.jit(lambda d: m.solve_diffrax(s, 0.0, t1, dt0=d, mesh=mesh).ys)(-t1))
+except Exception as e:
+    print("dt0 raised:", "dt0 must have the sign of t1 - t0" in str(e))
 """
 
 
 @pytest.mark.multidevice
-def test_traced_save_times_outside_the_span_on_a_mesh_raise_rather_than_abort():
+def test_traced_times_diffrax_refuses_on_a_mesh_raise_rather_than_abort():
     """With ``t1`` or ``SaveAt(ts=...)`` traced (inside ``jit``) they cannot be checked
     before the solve, and diffrax's own check (``eqx.error_if`` on ``ts``) ran its callback
     on device 0 alone: a time outside the span, or out of order, left the other devices
@@ -1500,6 +1504,8 @@ def test_traced_save_times_outside_the_span_on_a_mesh_raise_rather_than_abort():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split("\n")[:3] == ["equal to one device: True"] + ["raised: True"] * 2
+    # a traced dt0 of the wrong sign fell to diffrax's check on device 0 alone in the same way
+    assert done.stdout.split("\n")[3] == "dt0 raised: True"
 
 
 @pytest.mark.multidevice

@@ -1134,6 +1134,7 @@ class ShallowWater(eqx.Module):
             # at the next collective until XLA aborted the process
             kwargs["throw"] = False
             state = _check_traced_save_times(state, t0, t1, kwargs, self.grid, mesh)
+            state = _check_traced_dt0(state, t0, t1, kwargs, self.grid, mesh)
             if isinstance(kwargs.get("adjoint"), diffrax.BacksolveAdjoint):
                 # its backward solves take the forward's throw=False: one that reached
                 # max_steps gave a gradient 5% off without a word (one device raises)
@@ -1283,6 +1284,21 @@ def _check_traced_save_times(state, t0, t1, kwargs: dict, grid: Grid, mesh):
         grid,
         mesh,
     )
+    return eqx.tree_at(lambda s: s.h, state, h)
+
+
+def _check_traced_dt0(state, t0, t1, kwargs: dict, grid: Grid, mesh):
+    """On a mesh, a ``dt0`` whose sign cannot be checked eagerly (it, ``t0`` or ``t1``
+    traced) is checked here on every device's block, as ``_check_traced_save_times`` does
+    for save times, and diffrax gets it with the sign of ``t1 - t0``: diffrax's own check
+    (``eqx.error_if`` on device 0 alone) left the other devices waiting until XLA aborted
+    the process. Returns the state."""
+    dt0 = kwargs.get("dt0")
+    if dt0 is None or (is_concrete(dt0) and is_concrete(t0) and is_concrete(t1)):
+        return state
+    bad = (t1 - t0) * dt0 < 0
+    kwargs["dt0"] = jnp.where(bad, -dt0, dt0)
+    h = error_if(state.h, bad, "dt0 must have the sign of t1 - t0", grid, mesh)
     return eqx.tree_at(lambda s: s.h, state, h)
 
 
