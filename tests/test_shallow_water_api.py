@@ -632,6 +632,32 @@ def test_run_that_blows_up_raises_naming_the_first_bad_frame():
         m.run(s, dt=dt, n_steps=20, throw="no")
 
 
+def test_solve_diffrax_reports_a_layer_that_ran_dry_like_run():
+    """With constant steps the dam break's saved states held h down to -3.8 m (frame 2)
+    two frames before NaN, and solve_diffrax named only the NaN frame (4), where run names
+    the first frame with h <= 0; it now names that frame too. SaveAt(fn=...) values are
+    checked for NaN/Inf only."""
+    g = Grid((16, 24), (1.6e6, 3.0e6), periodic=(False, True))
+    _, x = g.mesh_coordinates(("centre", "centre"))
+    m = ShallowWater(g, coriolis=0.0)
+    s = m.initial_state(h=np.where(np.abs(x - 1.5e6) < 3e5, 100.0, 0.5))
+    dt = float(m.max_stable_dt(s, 0.9))
+    ts = dt * 20 * np.arange(1, 6)
+    kw = dict(dt0=dt, stepsize_controller=diffrax.ConstantStepSize(), max_steps=200)
+    with pytest.raises(
+        RuntimeError,
+        match=r"^solve_diffrax blew up: the state saved at t = 116\d+ s \(frame 2 of 5\) holds "
+        r"a layer thickness h <= 0 \(min -\d",
+    ):
+        m.solve_diffrax(s, 0.0, ts[-1], saveat=diffrax.SaveAt(ts=ts), **kw)
+    kept = m.solve_diffrax(s, 0.0, ts[-1], saveat=diffrax.SaveAt(ts=ts), throw=False, **kw)
+    assert float(kept.ys.h[2].min()) < 0 and float(kept.ys.h[1].min()) > 0
+    mass = m.solve_diffrax(  # a saved quantity, not states: NaN/Inf alone
+        s, 0.0, ts[2], saveat=diffrax.SaveAt(ts=ts[:3], fn=lambda t, y, a: y.h.sum()), **kw
+    )
+    assert np.isfinite(np.asarray(mass.ys)).all()
+
+
 def test_solve_diffrax_default_tolerances_suit_a_float32_model():
     """rtol 1e-6 is a few float32 ulps: the controller took 1 363 steps for a day of this
     channel (float64: 77), and 33 823 over ten days, past diffrax's own limit of 4096.

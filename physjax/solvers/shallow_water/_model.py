@@ -1149,10 +1149,11 @@ class ShallowWater(eqx.Module):
         return sol
 
     def _raise_if_blew_up(self, sol: diffrax.Solution, state, kwargs) -> None:
-        """Raise when a solve that diffrax reports successful saved NaN/Inf (frames it did
-        not reach, padded with ``ts = inf``, aside): with ``diffrax.ConstantStepSize()`` and a
-        ``dt0`` above the solver's stability limit the state overflowed to NaN and came back
-        as a successful solution, where ``run`` refuses such a ``dt``. Skipped while traced."""
+        """Raise when a solve that diffrax reports successful saved NaN/Inf, or states with
+        ``h <= 0`` (frames it did not reach, padded with ``ts = inf``, aside): with
+        ``diffrax.ConstantStepSize()`` and a ``dt0`` above the solver's stability limit the
+        state overflowed to NaN and came back as a successful solution, where ``run`` refuses
+        such a ``dt``. Skipped while traced."""
         if sol.ys is None or sol.ts is None:
             return
         times, tree = jax.tree.flatten(sol.ts)
@@ -1166,7 +1167,12 @@ class ShallowWater(eqx.Module):
             for leaf in jax.tree.leaves(ys):
                 if jnp.issubdtype(leaf.dtype, jnp.inexact) and leaf.shape[:1] == (n,):
                     bad = bad | ~jnp.isfinite(leaf).reshape(n, -1).all(axis=1)
-            bad = np.asarray(bad & jnp.isfinite(ts))
+            dry = jnp.zeros((n,), bool)
+            if isinstance(ys, ShallowWaterState) and ys.h.shape[:1] == (n,):
+                # saved states (not SaveAt(fn=...)): a layer that ran dry, as run reports it
+                dry = (ys.h <= 0).reshape(n, -1).any(axis=1)
+            dry = np.asarray(dry & jnp.isfinite(ts))
+            bad = np.asarray(bad & jnp.isfinite(ts)) | dry
             if not bad.any():
                 continue
             k = int(np.argmax(bad))
@@ -1182,9 +1188,15 @@ class ShallowWater(eqx.Module):
                 if isinstance(controller, diffrax.ConstantStepSize) and dt0 is not None
                 else "lower the step size or the tolerances"
             )
+            what = (
+                f"a layer thickness h <= 0 (min {float(np.nanmin(np.asarray(ys.h[k]))):g} m: the "
+                f"layer ran dry, or the steps outgrew the flow)"
+                if dry[k]
+                else "NaN/Inf"
+            )
             raise RuntimeError(
                 f"solve_diffrax blew up: the state saved at t = {float(ts[k]):.6g} s (frame "
-                f"{k} of {n}) holds NaN/Inf although diffrax reported success; {hint} "
+                f"{k} of {n}) holds {what} although diffrax reported success; {hint} "
                 f"(throw=False returns the solution as it is)"
             )
 
