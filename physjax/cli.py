@@ -1257,6 +1257,9 @@ def _run_shallow_water(
             # a second Ctrl-C removed the new file after it had replaced an ended run.
             first = fields_of(state)
             bottom = np.zeros(grid.shape) if model.bottom is None else to_numpy(model.bottom)
+            if stop():  # a first Ctrl-C while frame 0 was computed: nothing written yet
+                kept = "left as it was" if os.path.lexists(output) else "not created"
+                raise RunInterrupted(0, 0.0, 0, f" before its initial frame; {output} {kept}")
             if replacing:
                 _note(replacing)
             writer = NetCDFWriter(

@@ -1841,6 +1841,36 @@ def test_a_run_stopped_while_computing_frame_0_keeps_the_ended_run_it_would_repl
     assert "replacing" not in capsys.readouterr().err  # nothing was replaced
 
 
+def test_a_first_ctrl_c_while_computing_frame_0_keeps_the_ended_run_it_would_replace(
+    tmp_path, capsys, monkeypatch
+):
+    """A first Ctrl-C while frame 0 was computed (its first compile) only asked the run to
+    stop after the frame in hand: the new file was made over the ended run all the same,
+    marked interrupted at step 0 with the initial frame alone, and the old run was lost.
+    A stop asked before the file is made now leaves the old run as it was (as a second
+    Ctrl-C or a SIGTERM there does), and makes no file where there was none."""
+    code, out = _run(tmp_path)
+    assert code == 0
+    before = out.read_bytes()
+    capsys.readouterr()
+    computed = ShallowWater.relative_vorticity
+
+    def ctrl_c(self, state):  # the first Ctrl-C lands while frame 0's vorticity compiles
+        os.kill(os.getpid(), signal.SIGINT)
+        return computed(self, state)
+
+    monkeypatch.setattr(ShallowWater, "relative_vorticity", ctrl_c)
+    code, out = _run(tmp_path)
+    assert code == 130
+    assert out.read_bytes() == before
+    err = capsys.readouterr().err
+    assert "replacing" not in err
+    assert err.rstrip().endswith(f"before its initial frame; {out} left as it was")
+    code, new = _run(tmp_path, name="new.h5")
+    assert code == 130 and not new.exists()
+    assert capsys.readouterr().err.rstrip().endswith(f"{new} not created")
+
+
 def test_resume_with_no_plot_draws_no_picture_where_the_run_had_one(tmp_path, capsys, monkeypatch):
     """A run started with --plot drew it again on every --resume: a resume from another
     folder, where the stored relative path leads nowhere, could only go on with a new
