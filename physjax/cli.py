@@ -1297,8 +1297,10 @@ def _run_shallow_water(
             disable=quiet,
             file=_ProgressStream(sys.stderr),
             dynamic_ncols=True,
-            # a log file (a batch job's) gets a line every half minute, not ten a second
+            # a log file (a batch job's) gets a line every half minute, not ten a second;
+            # tqdm's monitor thread also redraws a bar idle for maxinterval (10 s default)
             mininterval=0.1 if _is_terminal(sys.stderr) else LOG_PROGRESS_SECONDS,
+            maxinterval=10.0 if _is_terminal(sys.stderr) else LOG_PROGRESS_SECONDS,
         )
         try:
             state, step, frames = drive(

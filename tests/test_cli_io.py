@@ -1730,6 +1730,33 @@ def test_progress_in_a_log_is_drawn_every_half_minute(tmp_path, capsys, monkeypa
     assert err.count("\r") <= 3, err.count("\r")
 
 
+def test_progress_in_a_log_is_not_redrawn_by_tqdms_monitor_between_half_minutes(
+    tmp_path, monkeypatch
+):
+    """tqdm's monitor thread redraws a bar whose last redraw is maxinterval old (10 s by
+    default), whatever its mininterval: a batch log got a line at 30 s and then every 10 s
+    (30, 50, 60, 70 s in a 70 s bar), not every LOG_PROGRESS_SECONDS. The bar of a log now
+    waits that long for the monitor too (a run of minutes is needed to see the lines
+    themselves: the bar's settings are checked)."""
+    import tqdm
+
+    from physjax.cli import LOG_PROGRESS_SECONDS
+
+    bars = []
+
+    class Recorded(tqdm.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    monkeypatch.setattr(tqdm, "tqdm", Recorded)
+    args = ["--case", "gravity-wave", "--n", "16", "--t-end", "7200", "--save-every", "10"]
+    assert main(["shallow-water", *args, "--output", str(tmp_path / "m.h5")]) == 0
+    (bar,) = bars
+    assert bar.mininterval == LOG_PROGRESS_SECONDS
+    assert bar.maxinterval >= LOG_PROGRESS_SECONDS
+
+
 def test_a_progress_bar_that_cannot_be_written_does_not_stop_the_run(
     tmp_path, monkeypatch, unwritable_stderr
 ):
