@@ -428,12 +428,15 @@ def _plot_written(output: str, plot: str, what: str) -> None:
     cannot be drawn (a full disk, its folder removed during the run) stopped the command with
     only "--plot … could not be written": nothing said that the data was written and whole.
     The error now says so (`what`: the file's state) and how to draw the picture again."""
+    again = f"physjax plot {shlex.quote(output)} --output {shlex.quote(plot)}"
     try:
         _write_plot(output, plot)
     except ValueError as e:
+        e.add_note(f"{output} is written and kept ({what}); draw the picture again with: {again}")
+        raise
+    except KeyboardInterrupt as e:  # Ctrl-C or SIGTERM while drawing: the data is whole
         e.add_note(
-            f"{output} is written and kept ({what}); draw the picture again with: "
-            f"physjax plot {shlex.quote(output)} --output {shlex.quote(plot)}"
+            f"{output} is written and kept ({what}); {plot} was not drawn; draw it with: {again}"
         )
         raise
 
@@ -1686,8 +1689,9 @@ def _main(argv: list[str] | None) -> int:
     except (OutputSpaceError, OutputRemoved) as e:
         _note(f"physjax {args.command}: error: {e}")
         return 1
-    except KeyboardInterrupt:
-        _note(f"physjax {args.command}: interrupted")
+    except KeyboardInterrupt as e:
+        notes = "".join(f"\n{note}" for note in getattr(e, "__notes__", ()))  # a file kept
+        _note(f"physjax {args.command}: interrupted{notes}")
         return 130
 
 

@@ -1898,6 +1898,35 @@ def test_a_first_ctrl_c_while_computing_frame_0_keeps_the_ended_run_it_would_rep
     assert capsys.readouterr().err.rstrip().endswith(f"{new} not created")
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_while_drawing_the_plot_says_the_data_is_kept(
+    tmp_path, capsys, monkeypatch, signum
+):
+    """A Ctrl-C or SIGTERM while the --plot picture was drawn, the run's file already
+    complete, ended with the bare line "physjax shallow-water: interrupted": nothing named
+    the output, said that it was whole, or how to get the picture. The line now says so."""
+    import physjax._plot
+
+    drawn = physjax._plot.plot_panels
+
+    def interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signum)
+        return drawn(*args, **kwargs)
+
+    monkeypatch.setattr(physjax._plot, "plot_panels", interrupted)
+    png = tmp_path / "p.png"
+    code, out = _run(tmp_path, "--plot", str(png))
+    assert code == 130
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == "complete" and f.attrs["n_frames"] == 3
+    assert not png.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["out.h5"]
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(
+        f"physjax shallow-water: interrupted\n{out} is written and kept (3 frames, complete); "
+        f"{png} was not drawn; draw it with: physjax plot {out} --output {png}"
+    )
+
+
 def test_resume_with_no_plot_draws_no_picture_where_the_run_had_one(tmp_path, capsys, monkeypatch):
     """A run started with --plot drew it again on every --resume: a resume from another
     folder, where the stored relative path leads nowhere, could only go on with a new
