@@ -1386,16 +1386,20 @@ def _run_shallow_water(
             with contextlib.suppress(AttributeError):
                 e._physjax_unforeseen = True
             raise
+        # The run has ended: a signal now left the file marked running (exit 130, no word
+        # of it). Marking it takes a moment, in which Ctrl-C and SIGTERM are ignored; they
+        # are heeded again once it is done (the picture, the closing line).
+        stop.shield()
         bar.close()
-    total_frames = frames_before + frames
-    done = step >= n_steps
-    if done:
-        writer.finish()
-    else:  # stopped by --max-frames: say so in the file, which --resume continues
-        writer.finish(
-            f"{STATUS_STOPPED}: at step {step}, t = {step * dt:.6g} s after --max-frames "
-            f"{max_frames}; continue with --resume"
-        )
+        total_frames = frames_before + frames
+        done = step >= n_steps
+        if done:
+            writer.finish()
+        else:  # stopped by --max-frames: say so in the file, which --resume continues
+            writer.finish(
+                f"{STATUS_STOPPED}: at step {step}, t = {step * dt:.6g} s after --max-frames "
+                f"{max_frames}; continue with --resume"
+            )
     if plot:
         frames_text = f"{total_frames} frame{'s' if total_frames != 1 else ''}"
         _plot_written(

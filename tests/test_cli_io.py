@@ -1927,6 +1927,29 @@ def test_an_interrupt_while_drawing_the_plot_says_the_data_is_kept(
     )
 
 
+@pytest.mark.parametrize("extra", [(), ("--max-frames", "1")])
+def test_a_sigterm_while_the_ended_run_is_marked_leaves_no_running_file(
+    tmp_path, capsys, monkeypatch, extra
+):
+    """A SIGTERM (or Ctrl-C) after the last frame, while the file was marked complete (or
+    stopped by --max-frames), left it marked 'running', as if a process still wrote it, and
+    the command exited 130 with the bare line "interrupted"; a new run then refused it as
+    unfinished. Marking the ended run is now not cut short."""
+    finish = NetCDFWriter.finish
+
+    def signalled(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(NetCDFWriter, "finish", signalled)
+    code, out = _run(tmp_path, *extra)
+    assert code == 0
+    with h5py.File(out, "r") as f:
+        status = f.attrs["status"]
+    assert status == "complete" if not extra else status.startswith("stopped: at step 10")
+    assert capsys.readouterr().out.startswith("wrote ")
+
+
 def test_resume_with_no_plot_draws_no_picture_where_the_run_had_one(tmp_path, capsys, monkeypatch):
     """A run started with --plot drew it again on every --resume: a resume from another
     folder, where the stored relative path leads nowhere, could only go on with a new
