@@ -529,6 +529,13 @@ class _StopRequest:
         self._previous = None
         self._previous_term = None
         self._installed = False
+        self._deferred = False
+
+    def defer(self, on: bool) -> None:
+        """While on, a SIGTERM, SIGHUP or second Ctrl-C only asks for a stop, as a first
+        Ctrl-C does, instead of raising: for the moment between marking a file running and
+        the run's own handling of a stop, which then stops at once, recording the file."""
+        self._deferred = on
 
     def __call__(self) -> bool:
         return self.requested
@@ -548,11 +555,14 @@ class _StopRequest:
         self.requested = True
         name = signal.Signals(signum).name
         _note(f"\nterminated ({name}): stopping now")
-        raise KeyboardInterrupt
+        if not self._deferred:
+            raise KeyboardInterrupt
 
     def _handle(self, signum, frame):
         if self.requested:
-            raise KeyboardInterrupt
+            if not self._deferred:
+                raise KeyboardInterrupt
+            return
         self.requested = True
         _note("\nstopping after the frame in hand (Ctrl-C again to stop at once)")
 
@@ -1251,10 +1261,13 @@ def _run_shallow_water(
                     f" with physjax {reversion[1]}, where the run began with {reversion[0]}: "
                     f"from here the frames may differ from an uninterrupted run's"
                 )
+            frames_before = read_attrs(output)["n_frames"]
+            # reopen marks the file running: a signal from here until the run handles a
+            # stop itself would leave it so, with no word of it; the stop waits for that
+            stop.defer(True)
             writer = NetCDFWriter.reopen(output, grid, variables, history=history)
             if relayout is not None or reversion is not None:
                 _note(f"physjax: {output}: {history}")
-            frames_before = read_attrs(output)["n_frames"]
         else:
             # Frame 0 before the file: its first compile takes a moment, where a SIGTERM or
             # a second Ctrl-C removed the new file after it had replaced an ended run.
@@ -1284,10 +1297,9 @@ def _run_shallow_water(
                 with contextlib.suppress(OSError):
                     os.remove(os.path.realpath(writer.path))
                 raise
+            stop.defer(True)  # as after reopen: a file marked running
             step0 = 0
             frames_before = 1
-        if mesh is not None:
-            state = shard(state, grid, mesh)
 
         def advance(s, t0, n):
             return model.advance(s, t0=t0, dt=dt, n_steps=n, mesh=mesh)
@@ -1306,6 +1318,9 @@ def _run_shallow_water(
             maxinterval=10.0 if _is_terminal(sys.stderr) else LOG_PROGRESS_SECONDS,
         )
         try:
+            stop.defer(False)  # drive's first check stops a run asked to stop meanwhile
+            if mesh is not None:
+                state = shard(state, grid, mesh)
             state, step, frames = drive(
                 advance,
                 state,
@@ -1354,7 +1369,7 @@ def _run_shallow_water(
                 f"whole frame{'s' if frames != 1 else ''}. Free some space and continue "
                 f"with: {command}"
             ) from None
-        except RunInterrupted:
+        except (RunInterrupted, KeyboardInterrupt):  # also one before drive took over
             stop.shield()
             bar.close()
             # The file is the record: its last whole frame (a frame cut short is dropped).

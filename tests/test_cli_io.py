@@ -1950,6 +1950,50 @@ def test_a_sigterm_while_the_ended_run_is_marked_leaves_no_running_file(
     assert capsys.readouterr().out.startswith("wrote ")
 
 
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_sigterm_just_after_the_file_is_marked_running_is_recorded(
+    tmp_path, capsys, monkeypatch, resume
+):
+    """A SIGTERM (or second Ctrl-C) just after the file was marked running (--resume's
+    reopen; a new run's frame 0, then the progress bar made) and before the run handled a
+    stop itself left the file marked 'running', as if a process still wrote it, and the
+    command exited 130 with the bare line "interrupted" (no --resume line); a new run then
+    refused the file. The stop now waits for the run, which records it at once."""
+    import tqdm
+
+    if resume:
+        code, out = _run(tmp_path, "--save-every", "2", "--max-frames", "2")
+        assert code == 0
+    capsys.readouterr()
+    reopen = NetCDFWriter.reopen.__func__
+
+    def reopened(cls, *args, **kwargs):
+        writer = reopen(cls, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return writer
+
+    class Signalled(tqdm.tqdm):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    if resume:
+        monkeypatch.setattr(NetCDFWriter, "reopen", classmethod(reopened))
+        code = main(["shallow-water", "--output", str(out), "--resume", "--quiet"])
+    else:
+        monkeypatch.setattr(tqdm, "tqdm", Signalled)
+        code, out = _run(tmp_path, "--save-every", "2")
+    assert code == 130
+    step, frames = (4, 3) if resume else (0, 1)
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"] == f"interrupted: at step {step}, t = {600 * step} s"
+        assert f.attrs["n_frames"] == frames
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(f"continue with: physjax shallow-water --output {out} --resume")
+    monkeypatch.undo()
+    assert main(["shallow-water", "--output", str(out), "--resume", "--quiet"]) == 0
+
+
 def test_resume_with_no_plot_draws_no_picture_where_the_run_had_one(tmp_path, capsys, monkeypatch):
     """A run started with --plot drew it again on every --resume: a resume from another
     folder, where the stored relative path leads nowhere, could only go on with a new
