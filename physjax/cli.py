@@ -1343,6 +1343,7 @@ def _run_shallow_water(
                 failure="NaN/Inf or h <= 0",
             )
         except SimulationBlewUp as e:
+            stop.defer(True)  # a signal while the file is marked failed left it running
             bar.close()
             writer.finish(f"failed: {e.reason} at step {e.step}, t = {e.time:.6g} s")
             e.frames_written += frames_before

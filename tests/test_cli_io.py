@@ -1994,6 +1994,27 @@ def test_a_sigterm_just_after_the_file_is_marked_running_is_recorded(
     assert main(["shallow-water", "--output", str(out), "--resume", "--quiet"]) == 0
 
 
+def test_a_sigterm_while_a_blown_up_run_is_marked_failed(tmp_path, capsys, monkeypatch):
+    """A SIGTERM (or second Ctrl-C) while a run that blew up was marked failed left its file
+    marked 'running' (as if a process still wrote it; a new run refused it) and the command
+    exited 130 with the bare line "interrupted". The file is now marked failed and the
+    command ends as a blow-up does (exit 3, naming the step)."""
+    finish = NetCDFWriter.finish
+
+    def signalled(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return finish(self, *args, **kwargs)
+
+    monkeypatch.setattr(NetCDFWriter, "finish", signalled)
+    args = ["--case", "geostrophic-adjustment", "--n", "16", "--dt", "6000", "--t-end"]
+    args += ["6000000", "--save-every", "1", "--no-cfl-check", "--quiet"]
+    out = tmp_path / "boom.h5"
+    assert main(["shallow-water", *args, "--output", str(out)]) == 3
+    assert "blew up (NaN/Inf or h <= 0) at step" in capsys.readouterr().err
+    with h5py.File(out, "r") as f:
+        assert f.attrs["status"].startswith("failed: NaN/Inf or h <= 0 at step")
+
+
 def test_resume_with_no_plot_draws_no_picture_where_the_run_had_one(tmp_path, capsys, monkeypatch):
     """A run started with --plot drew it again on every --resume: a resume from another
     folder, where the stored relative path leads nowhere, could only go on with a new
