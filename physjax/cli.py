@@ -1086,6 +1086,14 @@ def _run_shallow_water(
         raise
     model, state = case.model, case.state
     grid = model.grid
+    if resume and settings.get("scheme") not in (None, model.scheme):
+        # stored, but not an option of the command: a file of another physjax version
+        raise ValueError(
+            f"--resume: the run in {output!r} was stepped with the time scheme "
+            f"{settings['scheme']!r}, and this physjax's shallow-water command steps with "
+            f"{model.scheme!r}: continuing it would not give the run's result. The file is "
+            f"left as it was; continue it with the physjax that began it"
+        )
 
     t_end = (
         case.t_end

@@ -2015,6 +2015,25 @@ def test_a_sigterm_while_a_blown_up_run_is_marked_failed(tmp_path, capsys, monke
         assert f.attrs["status"].startswith("failed: NaN/Inf or h <= 0 at step")
 
 
+def test_resume_refuses_a_run_stepped_with_another_time_scheme(tmp_path, capsys):
+    """The configuration stores the run's time scheme, but --resume never read it: a file
+    whose run was stepped with rk4 (another physjax version's) was continued with ssprk3
+    without a word, its frames no longer those of the run. It is now refused, the file
+    untouched."""
+    code, out = _run(tmp_path, "--save-every", "2", "--max-frames", "1")
+    assert code == 0
+    with h5py.File(out, "r+") as f:
+        configuration = json.loads(f.attrs["configuration"])
+        assert configuration["scheme"] == "ssprk3"
+        f.attrs["configuration"] = json.dumps({**configuration, "scheme": "rk4"})
+    before = out.read_bytes()
+    capsys.readouterr()
+    assert main(["shallow-water", "--output", str(out), "--resume", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "was stepped with the time scheme 'rk4'" in err and "steps with 'ssprk3'" in err
+    assert out.read_bytes() == before
+
+
 def test_resume_with_no_plot_draws_no_picture_where_the_run_had_one(tmp_path, capsys, monkeypatch):
     """A run started with --plot drew it again on every --resume: a resume from another
     folder, where the stored relative path leads nowhere, could only go on with a new
