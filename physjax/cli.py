@@ -507,8 +507,12 @@ def _note(text: str) -> None:
     where stderr cannot be written (a full log, ``2>&-``) instead of stopping the command,
     and never goes to stdout in its place (``print(file=None)`` writes there)."""
     stream = _ProgressStream(sys.stderr)
-    stream.write(f"{text}\n")
-    stream.flush()
+    # From a signal handler (a stop's notice) that interrupted a write to stderr blocked on
+    # a full pipe or a paused terminal, the write re-enters the stream's buffer, which
+    # raises RuntimeError ("reentrant call"): the notice is dropped, the stop goes on.
+    with contextlib.suppress(RuntimeError):
+        stream.write(f"{text}\n")
+        stream.flush()
 
 
 #: Signals that end a run at once, keeping its frames: SIGTERM (a batch system's time limit,

@@ -2034,6 +2034,44 @@ def test_resume_refuses_a_run_stepped_with_another_time_scheme(tmp_path, capsys)
     assert out.read_bytes() == before
 
 
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_while_a_stderr_write_is_blocked_is_no_error(monkeypatch, signum):
+    """A Ctrl-C or SIGTERM while a write to stderr was blocked (the progress bar on a paused
+    terminal, a pipe nobody reads) ran the handler inside that write, and its notice,
+    written to the same stream, raised RuntimeError ("reentrant call inside
+    BufferedWriter") out of the bar's write: the run ended as an unforeseen error with a
+    traceback. The notice is now dropped there and the stop goes on as asked."""
+    import threading
+
+    from physjax.cli import _StopRequest
+
+    r, w = os.pipe()
+    stream = open(w, "w", buffering=1)
+    monkeypatch.setattr(sys, "stderr", stream)
+
+    def signal_then_drain():
+        time.sleep(0.5)  # the write below is blocked on the full pipe by now
+        os.kill(os.getpid(), signum)
+        time.sleep(0.2)
+        while os.read(r, 1 << 16):
+            pass
+
+    drain = threading.Thread(target=signal_then_drain, daemon=True)
+    drain.start()
+    try:
+        with _StopRequest() as stop:
+            try:
+                stream.write("x" * 300_000 + "\n")  # a pipe holds 64 KiB
+                raised = None
+            except BaseException as e:
+                raised = type(e)
+    finally:
+        stream.close()
+        drain.join()
+    assert stop.requested
+    assert raised is (None if signum == signal.SIGINT else KeyboardInterrupt)
+
+
 def test_resume_with_no_plot_draws_no_picture_where_the_run_had_one(tmp_path, capsys, monkeypatch):
     """A run started with --plot drew it again on every --resume: a resume from another
     folder, where the stored relative path leads nowhere, could only go on with a new
