@@ -2073,3 +2073,33 @@ def test_a_python_number_shift_set_with_tree_at_solves_with_boundary_values(meth
         edited = eqx.tree_at(lambda s: s.shift, base, value)
         assert _rel(edited(f, values), new) <= 1e-13, value
         assert _rel(edited.solve(f, values).u, new) <= 1e-13, value
+
+
+def test_solve_with_concrete_inputs_inside_a_trace():
+    """A solve whose inputs are all concrete but that is called inside a trace (a
+    lax.cond branch, or jax.jit of a function whose arguments it does not read) was
+    taken for an eager call: multigrid and cg stopped with TracerBoolConversionError
+    (reading `converged` in Python), and a spectral all-Neumann solve checked the mean
+    of f in the graph against the max over 16 sampled rows, a lower bound meant for the
+    eager path: a compatible f whose largest values lay in other rows was refused as
+    incompatible. The solve is now staged with its checks in the graph."""
+    grid = _grid((32, 32), False)  # 16² would be the coarsest level: one exact cycle
+    f = jnp.asarray(np.random.default_rng(5).normal(size=grid.shape))
+    solver = PoissonSolver(grid, "dirichlet", "cg")  # (multigrid took the same path)
+    u = solver(f)
+    got = jax.lax.cond(True, lambda: solver(f, initial_guess=u), lambda: f)
+    np.testing.assert_allclose(got, u, rtol=0, atol=1e-12)
+    got = jax.jit(lambda x: solver.solve(f).u * x)(1.0)
+    np.testing.assert_allclose(got, u, rtol=0, atol=1e-12)
+    neumann = PoissonSolver(grid, "neumann", "cg")
+    with pytest.raises(Exception, match="f is incompatible with a periodic/Neumann"):
+        jax.block_until_ready(jax.lax.cond(True, lambda: neumann(f), lambda: f))
+    short = PoissonSolver(grid, "dirichlet", "cg", max_iterations=1)
+    with pytest.raises(Exception, match="did not converge"):
+        jax.block_until_ready(jax.lax.cond(True, lambda: short(f), lambda: f))
+    # spectral, all-Neumann: max |f| in rows 1 and 2, mean 2.4e-16, within the tolerance
+    tall = _grid((256, 16), (False, True))
+    g = jnp.zeros(tall.shape).at[1, 3].set(1.0).at[2, 3].set(-1.0).at[0, 1].set(1e-12)
+    spectral = PoissonSolver(tall, ("neumann", "periodic"), "spectral")
+    got = jax.lax.cond(True, lambda: spectral(g), lambda: g)
+    np.testing.assert_allclose(got, spectral(g), rtol=0, atol=1e-18)

@@ -755,8 +755,11 @@ class PoissonSolver(eqx.Module):
             if self.method == "spectral":
                 return None
             b = self.rhs(f, boundary_values)
-            if is_concrete(b):
-                self._compatible(b)
+            stats = _mean_and_scale(b) if is_concrete(b) else None
+            # (inside a trace, e.g. a lax.cond branch, the mean of a concrete f is a
+            # tracer: the check is then left to the solve, whose graph holds it)
+            if stats is not None and all(is_concrete(v) for v in stats):
+                self._require_compatible(b, *stats, b)
                 return True
         return False
 
@@ -944,7 +947,7 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
         guess = cls._check_field(solver, guess, "initial_guess")
         if solver.method == "spectral":
             guess = None  # a direct solve: nothing to start from (and no second compilation)
-        elif is_concrete(guess) and not bool(jnp.all(jnp.isfinite(guess))):
+        elif is_concrete(finite := jnp.all(jnp.isfinite(guess))) and not bool(finite):
             # (a traced guess, as in a time stepper, is not read: the solve then reports
             # not converged, and its message names the guess among the causes)
             bad = int(jnp.sum(~jnp.isfinite(guess)))
@@ -998,10 +1001,20 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
     # Called eagerly (nothing traced), a solve that does not converge raises here, in
     # Python, with the solver's own message; inside a transformation through eqx.error_if.
     eager = all(is_concrete(x) for x in jax.tree.leaves((solver, f, boundary_values, guess)))
-    if boundary_values is None:
-        out, info, stats = fast(solver, f, prechecked, not eager, guess)
-    else:
-        out, info, stats = general(solver, f, boundary_values, prechecked, not eager, guess)
+
+    def run(in_graph: bool):
+        if boundary_values is None:
+            return fast(solver, f, prechecked, in_graph, guess)
+        return general(solver, f, boundary_values, prechecked, in_graph, guess)
+
+    out, info, stats = run(not eager)
+    if eager and not is_concrete(info.converged):
+        # Concrete inputs, but called inside a trace (a lax.cond branch, or jax.jit of a
+        # function whose arguments the solve does not read): the call was staged there and
+        # its results are tracers, which the Python check below cannot read. Staged again
+        # with the checks in the graph (the first, unused, is dropped from the program).
+        eager = False
+        out, info, stats = run(True)
     out = cls._checked(solver, out, stats, f, boundary_values)
     if eager and solver.throw and solver.method != "spectral" and not bool(info.converged):
         iterations, residual = jax.device_get((info.iterations, info.residual_norm))
