@@ -1103,6 +1103,21 @@ def test_a_float32_spectral_solution_with_a_residual_above_f_is_converged():
     assert bool(sol.converged)
 
 
+@pytest.mark.parametrize("method", ["spectral", "multigrid", "cg"])
+def test_the_iteration_count_is_a_strongly_typed_int32(method):
+    """``PoissonSolution.iterations`` was a weakly typed default integer (int64 under
+    float64, int32 otherwise): a user's loop carrying it changed type with the precision,
+    and adding it to an int32 counter gave the counter's type by weak promotion. It is
+    now int32, strongly typed, for every method, eagerly and under ``jit``."""
+    f = np.random.default_rng(3).normal(size=(32, 32))
+    f -= f.mean()
+    solver = PoissonSolver(_grid((32, 32), (True, True)), "periodic", method)
+    for sol in (solver.solve(f), jax.jit(lambda s, f: s.solve(f))(solver, f)):
+        assert sol.iterations.dtype == jnp.int32, sol.iterations.dtype
+        assert not sol.iterations.weak_type
+        assert bool(sol.converged)
+
+
 def test_float32_iterations_that_run_out_on_very_flat_cells_are_not_converged():
     """float32 on cells 1e4 (1e6) times wider than high: the round-off allowance of the
     convergence test, eps ‖|A| |u|‖, exceeds ‖f‖ there, and an iteration that ran all its

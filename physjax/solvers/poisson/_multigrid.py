@@ -635,7 +635,7 @@ def multigrid_iterate(
 
     inf = jnp.full((), jnp.inf, fnorm.dtype)
     u0, r0, r0norm, u0norm = _first_iterate(u0, f, fnorm, matvec, grid)
-    state = (u0, r0, r0norm, inf, u0norm, jnp.asarray(0))
+    state = (u0, r0, r0norm, inf, u0norm, jnp.asarray(0, jnp.int32))
     u, _, rnorm, dnorm, unorm, k = lax.while_loop(cond, body, state)
     rel = rnorm / jnp.where(fnorm > 0, fnorm, 1)
     ran_out = _ran_out(rnorm, tol, dnorm, unorm, k, max_iterations, f.dtype)
@@ -694,7 +694,7 @@ def conjugate_gradient(
     one = jnp.ones((), f.dtype)
     inf = jnp.full((), jnp.inf, fnorm.dtype)
     x0, r0, r0norm, x0norm = _first_iterate(x0, f, fnorm, matvec, grid)
-    state = (x0, r0, zero, one, r0norm, inf, x0norm, jnp.asarray(0))
+    state = (x0, r0, zero, one, r0norm, inf, x0norm, jnp.asarray(0, jnp.int32))
     x, *_, loop_rnorm, dnorm, loop_xnorm, k = lax.while_loop(cond, body, state)
     ran_out = _ran_out(loop_rnorm, tol, dnorm, loop_xnorm, k, max_iterations, f.dtype)
     if singular:

@@ -42,7 +42,8 @@ class PoissonSolution(eqx.Module):
     - `u`: the solution, the grid's shape.
     - `residual_norm`: ``‖f - A u‖₂ / ‖f‖₂`` of the homogeneous problem (after folding
       boundary values into ``f``); 0 when ``f = 0``.
-    - `iterations`: V-cycles (``multigrid``) or CG iterations (``cg``); 0 for ``spectral``.
+    - `iterations`: V-cycles (``multigrid``) or CG iterations (``cg``); 0 for ``spectral``;
+      an int32 scalar.
     - `converged`: whether the tolerance was met, with a finite residual (for ``spectral``
       false only when the result is not finite, NaN or Inf in ``f``, or no better than
       ``u = 0``: a solution below the dtype's smallest normal number, flushed to zero).
@@ -543,7 +544,7 @@ class PoissonSolver(eqx.Module):
             else:
                 u = spectral_solve_local(f, grid, bc, continuous, shift=c)
             zero = jnp.zeros((), dtype)
-            return u, mg.IterativeInfo(jnp.asarray(0), zero, jnp.asarray(True))
+            return u, mg.IterativeInfo(jnp.asarray(0, jnp.int32), zero, jnp.asarray(True))
 
         parity = parity_of(bc)
         a = None if coefficient is None else coefficient.astype(dtype)
@@ -845,7 +846,7 @@ class PoissonSolver(eqx.Module):
             grid = _internal_grid(self.grid)
             u, total = spectral_solve_local(b, grid, self.bc, continuous, with_sum=True)
             zero = jnp.zeros((), u.dtype)
-            info = mg.IterativeInfo(jnp.asarray(0), zero, jnp.asarray(True))
+            info = mg.IterativeInfo(jnp.asarray(0, jnp.int32), zero, jnp.asarray(True))
             # Called eagerly, max |f| over a few rows is enough when the mean passes against
             # it (a lower bound of max |f|); otherwise the caller takes the full max before
             # deciding (_checked). In a graph the full max is taken here.
