@@ -658,6 +658,38 @@ def test_solve_diffrax_reports_a_layer_that_ran_dry_like_run():
     assert np.isfinite(np.asarray(mass.ys)).all()
 
 
+def test_an_adaptive_solve_through_a_layer_that_runs_dry_says_so():
+    """Adaptive steps through the dam break's drying layer: the controller shrank the steps
+    (173 of 300 rejected) until max_steps, and solve_diffrax raised diffrax's bare 'The
+    maximum number of solver steps was reached. Try increasing `max_steps`', though the
+    state where it stopped held h down to -8e10 m and more steps would not help. Called
+    eagerly it now names the steps, and the frame with h <= 0; a solve that merely runs out
+    of steps says so with diffrax's reason; inside jit diffrax's own error still stops it."""
+    g = Grid((16, 24), (1.6e6, 3.0e6), periodic=(False, True))
+    _, x = g.mesh_coordinates(("centre", "centre"))
+    m = ShallowWater(g, coriolis=0.0)
+    s = m.initial_state(h=np.where(np.abs(x - 1.5e6) < 3e5, 100.0, 0.5))
+    dt = float(m.max_stable_dt(s, 0.9))
+    with pytest.raises(
+        RuntimeError,
+        match=r"^solve_diffrax failed before t1 = 7\d+ s after 300 steps \(\d+ of them "
+        r"rejected\): the state saved at t = \d+ s \(frame 0 of 1\) holds a layer thickness "
+        r"h <= 0 \(min -[\d.e+]+ m\): the layer ran dry.* a larger max_steps will not help "
+        r"\(diffrax: The maximum number of solver steps was reached",
+    ):
+        m.solve_diffrax(s, 0.0, 400 * dt, max_steps=300)
+    kept = m.solve_diffrax(s, 0.0, 400 * dt, max_steps=300, throw=False)
+    assert kept.result == diffrax.RESULTS.max_steps_reached and float(kept.ys.h.min()) < 0
+    with pytest.raises(
+        RuntimeError,
+        match=r"^solve_diffrax failed before t1 = 7[\d.]+ s after 2 steps \(0 of them rejected\): "
+        r"The maximum number of solver steps was reached. Try increasing `max_steps` \(throw",
+    ):
+        m.solve_diffrax(s, 0.0, 4 * dt, max_steps=2)
+    with pytest.raises(Exception, match=r"maximum number of solver steps was reached"):
+        jax.block_until_ready(jax.jit(lambda: m.solve_diffrax(s, 0.0, 4 * dt, max_steps=2).ys)())
+
+
 def test_solve_diffrax_default_tolerances_suit_a_float32_model():
     """rtol 1e-6 is a few float32 ulps: the controller took 1 363 steps for a day of this
     channel (float64: 77), and 33 823 over ten days, past diffrax's own limit of 4096.
@@ -1450,6 +1482,8 @@ def test_solve_diffrax_on_a_mesh_that_reaches_max_steps_raises_without_gathering
         jax.block_until_ready(jax.vmap(lambda st: solve(st, 2))(batch))
     failed = m.solve_diffrax(s, 0.0, 4 * dt, mesh=mesh, max_steps=2, throw=False)
     assert failed.result != diffrax.RESULTS.successful
+    with pytest.raises(RuntimeError, match=r"^solve_diffrax failed before t1 = [\d.]+ s after 2 "):
+        m.solve_diffrax(s, 0.0, 4 * dt, mesh=mesh, max_steps=2)  # eagerly: raised in Python
     dense = m.solve_diffrax(s, 0.0, 4 * dt, mesh=mesh, saveat=diffrax.SaveAt(dense=True))
     assert dense.ys is None and dense.evaluate(dt).h.shape == m.grid.shape
 

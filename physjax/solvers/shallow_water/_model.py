@@ -1075,10 +1075,13 @@ class ShallowWater(eqx.Module):
         times, ``rtol``/``atol``, ``max_steps``, the mesh, the types of ``solver``,
         ``saveat``, ``stepsize_controller`` and ``adjoint`` and the save times of
         ``saveat=diffrax.SaveAt(ts=...)`` (within ``[t0, t1]``, in order) are checked first.
-        A solve that reaches ``max_steps`` raises diffrax's error; with ``throw=False`` it
-        returns, ``sol.result`` saying how it ended (frames of ``SaveAt(ts=...)`` it did not
-        reach are ``inf``; the default ``SaveAt(t1=True)`` holds the state where it stopped,
-        ``sol.ts`` that time).
+        A solve that reaches ``max_steps`` raises: called eagerly, a ``RuntimeError`` naming
+        the steps it took and rejected and, when a state it saved holds NaN/Inf or
+        ``h <= 0``, that frame (an adaptive solve through a layer that runs dry shrinks its
+        steps until it runs out of them); inside ``jit``/``grad``/``vmap``, diffrax's own
+        error. With ``throw=False`` it returns, ``sol.result`` saying how it ended (frames of
+        ``SaveAt(ts=...)`` it did not reach are ``inf``; the default ``SaveAt(t1=True)``
+        holds the state where it stopped, ``sol.ts`` that time).
         ``dt0`` is not checked against a stability limit (that depends on the diffrax solver);
         a solve that diffrax reports successful but whose saved states hold NaN/Inf — constant
         steps (``diffrax.ConstantStepSize()``) above the solver's limit, which nothing rejects
@@ -1128,6 +1131,16 @@ class ShallowWater(eqx.Module):
         model, state = self._on_mesh(state, mesh)
         split = mesh is not None and mesh.size > 1
         throw = kwargs.get("throw", True)
+        # Called eagerly (nothing traced), a failed solve raises here, in Python, with what
+        # physjax knows of it (where it stopped, whether the layer ran dry there) rather
+        # than by diffrax's check inside the compiled solve, which names only the failure
+        eager = (
+            isinstance(throw, (bool, np.bool_))
+            and bool(throw)
+            and all(is_concrete(x) for x in jax.tree.leaves((model, state, t0, t1, kwargs)))
+        )
+        if eager:
+            kwargs["throw"] = False
         if split:
             # diffrax's own check (eqx.error_if on the whole solution) runs its callback on
             # device 0 alone: a solve that reached max_steps left the other devices waiting
@@ -1140,13 +1153,51 @@ class ShallowWater(eqx.Module):
                 # max_steps gave a gradient 5% off without a word (one device raises)
                 kwargs["adjoint"] = _BacksolveOnMesh(kwargs["adjoint"], throw, self.grid, mesh)
         sol = integrate_diffrax(_DiffraxRHS(mesh), state, t0, t1, args=model, **kwargs)
+        if eager and not all(is_concrete(x) for x in jax.tree.leaves(sol.result)):
+            # concrete inputs, but called inside a trace (a function under jax.jit whose
+            # arguments the solve does not read): its result cannot be read in Python, so
+            # the solve is staged again with diffrax's check in the graph (the first, with
+            # nothing to raise and no result used, is dropped from the program)
+            eager = False
+            if not split:
+                kwargs["throw"] = True
+                sol = integrate_diffrax(_DiffraxRHS(mesh), state, t0, t1, args=model, **kwargs)
         if split and sol.ys is not None:
             sol = eqx.tree_at(lambda s: s.ys, sol, shard(sol.ys, self.grid, mesh))
-        if split and throw:
+        if split and throw and not eager:
             sol = _raise_on_mesh(sol, self.grid, mesh)
+        if eager and not bool(diffrax.is_okay(sol.result)):
+            raise RuntimeError(self._failure_message(sol, t1))
         if throw:
             self._raise_if_blew_up(sol, state, kwargs)
         return sol
+
+    def _failure_message(self, sol: diffrax.Solution, t1) -> str:
+        """What a failed eager solve says: diffrax's reason, the steps it took, and, when a
+        state it saved holds NaN/Inf or ``h <= 0``, that frame (the usual cause of an
+        adaptive solve that runs out of steps: the layer ran dry, and the controller shrank
+        the steps towards zero)."""
+        stats = jax.device_get(sol.stats)
+        steps = (
+            f" after {int(stats['num_steps'])} steps ({int(stats['num_rejected_steps'])} of "
+            f"them rejected)"
+            if "num_steps" in stats and "num_rejected_steps" in stats
+            else ""
+        )
+        reason = str(diffrax.RESULTS[sol.result]).rstrip(".")
+        message = f"solve_diffrax failed before t1 = {float(t1):.6g} s{steps}: "
+        bad = _first_bad_frame(sol)
+        if bad is None:
+            message += reason
+        else:
+            k, n, t, h_min = bad
+            what = f"a layer thickness h <= 0 (min {h_min:g} m)" if h_min is not None else "NaN/Inf"
+            message += (
+                f"the state saved at t = {t:.6g} s (frame {k} of {n}) holds {what}: the layer "
+                f"ran dry, or the flow blew up, and the adaptive steps shrank towards zero, so "
+                f"a larger max_steps will not help (diffrax: {reason})"
+            )
+        return message + " (throw=False returns the solution as it is)"
 
     def _raise_if_blew_up(self, sol: diffrax.Solution, state, kwargs) -> None:
         """Raise when a solve that diffrax reports successful saved NaN/Inf, or states with
@@ -1154,28 +1205,12 @@ class ShallowWater(eqx.Module):
         ``diffrax.ConstantStepSize()`` and a ``dt0`` above the solver's stability limit the
         state overflowed to NaN and came back as a successful solution, where ``run`` refuses
         such a ``dt``. Skipped while traced."""
-        if sol.ys is None or sol.ts is None:
-            return
-        times, tree = jax.tree.flatten(sol.ts)
-        frames = tree.flatten_up_to(sol.ys)  # one tree of saved values per SubSaveAt
         arrays = jax.tree.leaves(eqx.filter((sol.ts, sol.ys, sol.result), eqx.is_array))
         if not all(is_concrete(a) for a in arrays) or not bool(diffrax.is_okay(sol.result)):
             return
-        for ts, ys in zip(times, frames):
-            n = ts.shape[0]
-            bad = jnp.zeros((n,), bool)
-            for leaf in jax.tree.leaves(ys):
-                if jnp.issubdtype(leaf.dtype, jnp.inexact) and leaf.shape[:1] == (n,):
-                    bad = bad | ~jnp.isfinite(leaf).reshape(n, -1).all(axis=1)
-            dry = jnp.zeros((n,), bool)
-            if isinstance(ys, ShallowWaterState) and ys.h.shape[:1] == (n,):
-                # saved states (not SaveAt(fn=...)): a layer that ran dry, as run reports it
-                dry = (ys.h <= 0).reshape(n, -1).any(axis=1)
-            dry = np.asarray(dry & jnp.isfinite(ts))
-            bad = np.asarray(bad & jnp.isfinite(ts)) | dry
-            if not bad.any():
-                continue
-            k = int(np.argmax(bad))
+        bad = _first_bad_frame(sol)
+        if bad is not None:
+            k, n, t, h_min = bad
             dt0 = kwargs.get("dt0")
             controller = kwargs.get("stepsize_controller")
             solver = type(kwargs.get("solver") or diffrax.Tsit5()).__name__
@@ -1189,16 +1224,44 @@ class ShallowWater(eqx.Module):
                 else "lower the step size or the tolerances"
             )
             what = (
-                f"a layer thickness h <= 0 (min {float(np.nanmin(np.asarray(ys.h[k]))):g} m: the "
-                f"layer ran dry, or the steps outgrew the flow)"
-                if dry[k]
+                f"a layer thickness h <= 0 (min {h_min:g} m: the layer ran dry, or the steps "
+                f"outgrew the flow)"
+                if h_min is not None
                 else "NaN/Inf"
             )
             raise RuntimeError(
-                f"solve_diffrax blew up: the state saved at t = {float(ts[k]):.6g} s (frame "
+                f"solve_diffrax blew up: the state saved at t = {t:.6g} s (frame "
                 f"{k} of {n}) holds {what} although diffrax reported success; {hint} "
                 f"(throw=False returns the solution as it is)"
             )
+
+
+def _first_bad_frame(sol: diffrax.Solution) -> tuple[int, int, float, float | None] | None:
+    """The first frame a concrete solution saved (frames it did not reach, padded with
+    ``ts = inf``, aside) holding NaN/Inf or a state with ``h <= 0``: ``(k, n, t, h_min)``,
+    ``h_min`` the frame's least ``h`` when the layer ran dry there, ``None`` for NaN/Inf
+    alone; ``None`` when every frame is sound (or nothing was saved)."""
+    if sol.ys is None or sol.ts is None:
+        return None
+    times, tree = jax.tree.flatten(sol.ts)
+    frames = tree.flatten_up_to(sol.ys)  # one tree of saved values per SubSaveAt
+    for ts, ys in zip(times, frames):
+        n = ts.shape[0]
+        bad = jnp.zeros((n,), bool)
+        for leaf in jax.tree.leaves(ys):
+            if jnp.issubdtype(leaf.dtype, jnp.inexact) and leaf.shape[:1] == (n,):
+                bad = bad | ~jnp.isfinite(leaf).reshape(n, -1).all(axis=1)
+        dry = jnp.zeros((n,), bool)
+        if isinstance(ys, ShallowWaterState) and ys.h.shape[:1] == (n,):
+            # saved states (not SaveAt(fn=...)): a layer that ran dry, as run reports it
+            dry = (ys.h <= 0).reshape(n, -1).any(axis=1)
+        dry = np.asarray(dry & jnp.isfinite(ts))
+        bad = np.asarray(bad & jnp.isfinite(ts)) | dry
+        if bad.any():
+            k = int(np.argmax(bad))
+            h_min = float(np.nanmin(np.asarray(ys.h[k]))) if dry[k] else None
+            return k, n, float(ts[k]), h_min
+    return None
 
 
 def _raise_if_run_blew_up(sol: ShallowWaterSolution, save_every: int) -> None:
