@@ -200,3 +200,43 @@ def test_a_repeated_diffrax_solve_does_not_trace_its_right_hand_side_again():
     if jax.config.jax_enable_x64:
         with pytest.raises(TypeError, match="returned dtype float64"):
             integrate_diffrax(rhs, y0, 0.0, 1.0, args=jnp.float64(2.0))
+
+
+def test_a_mixed_precision_state_does_not_compile_again_for_a_new_time():
+    """A state whose floating leaves differ (float32 and float64) kept ``t0``, ``t1`` and
+    ``dt`` as Python numbers, which the compiled loops take as static: every chunk of a
+    chunked run (a new ``t0``) traced and compiled the whole loop again (0.3 s a chunk for
+    100 steps of 2×1000 values), every diffrax solve to a new ``t1`` too (2.8 s a call); they
+    are traced once now, with the same numbers."""
+    assert jax.config.jax_enable_x64  # tests/conftest.py
+    from physjax.solvers import ssprk3_step
+
+    traced = []
+
+    def rhs(y, t):
+        traced.append(1)
+        return {"a": -y["a"] + jnp.sin(t).astype(jnp.float32), "b": -y["b"]}
+
+    def step(y, t, dt):
+        return ssprk3_step(rhs, y, t, dt)
+
+    y0 = {"a": jnp.ones(3, jnp.float32), "b": jnp.ones(3, jnp.float64)}
+    y = advance(step, y0, 0.0, 0.01, 50)
+    first = len(traced)
+    y = advance(step, y, 0.5, 0.01, 50)
+    assert len(traced) == first, len(traced) - first
+    whole = advance(step, y0, 0.0, 0.01, 100)
+    assert (y["a"].dtype, y["b"].dtype) == (jnp.float32, jnp.float64)
+    np.testing.assert_allclose(y["a"], whole["a"], rtol=1e-6)
+    np.testing.assert_allclose(y["b"], np.exp(-1.0), rtol=1e-6)
+    traced.clear()
+    integrate(step, y0, 0.0, 0.01, 2, 25)
+    first = len(traced)
+    integrate(step, y0, 0.3, 0.01, 2, 25)
+    assert len(traced) == first, len(traced) - first
+    traced.clear()
+    integrate_diffrax(rhs, y0, 0.0, 1.0)
+    first = len(traced)
+    sol = integrate_diffrax(rhs, y0, 0.0, 2.0)
+    assert len(traced) == first, len(traced) - first
+    np.testing.assert_allclose(sol.ys["b"][-1], np.exp(-2.0), rtol=1e-5)

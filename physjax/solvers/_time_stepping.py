@@ -131,9 +131,10 @@ def _time_dtype(y: PyTree):
 
 
 def _in_dtype(dtype, *times):
-    """``times`` as arrays of ``dtype`` (unchanged when it is ``None``; ``None`` stays)."""
-    if dtype is None:
-        return times
+    """``times`` as arrays of ``dtype`` (``None`` stays). With no ``dtype`` (a state whose
+    floating leaves differ) as arrays still, a Python number weakly typed as before: the
+    compiled loops take what is not an array as static, and each new ``t0`` of a chunked
+    run (or ``t1`` of a diffrax solve) compiled the whole loop again."""
     return tuple(None if t is None else jnp.asarray(t, dtype) for t in times)
 
 
