@@ -938,3 +938,28 @@ def test_local_coordinates_of_a_float64_grid_need_x64():
             g.local_coordinates("x", "face")
     with jax.enable_x64(False):
         assert Grid((3, 4), (3.0, 4.0)).local_coordinates("y").dtype == jnp.float32
+
+
+def test_stencils_of_a_bool_mask_or_int8_field_equal_those_of_the_float_field():
+    """``True + True`` is ``True`` and int8 sums wrap: the average of two sea cells of a
+    bool land/sea mask came out 0.5 (every interior face of an all-sea row), int8 values of
+    100 averaged to -28 and their Laplacian overflowed in ``2 * f``; differences of a bool
+    mask stopped in ``sub``. Each stencil now gives what it gives for the same values as
+    floats, in the default floating dtype."""
+    g2 = Grid((3, 6), (1.0, 1.0))
+    sea = fill_halo(jnp.ones(g2.shape, bool), g2)
+    np.testing.assert_array_equal(interior(interp_x_c2f(sea), g2), 1.0)
+    g = Grid((4, 3, 6), (1.0, 0.75, 1.5), periodic=(False, True, False))
+    mask = np.random.default_rng(3).random(g.shape) > 0.3  # sea
+    values = np.where(mask, 100, -100).astype(np.int8)
+    for field in (jnp.asarray(mask), jnp.asarray(values)):
+        p, ref = fill_halo(field, g), fill_halo(field.astype(jnp.float64), g)
+        stencils = [
+            (getattr(grids, f"interp_{a}_{k}"), False) for a in "zyx" for k in ("c2f", "f2c")
+        ]
+        stencils += [(getattr(grids, f"diff_{a}_{k}"), True) for a in "zyx" for k in ("c2f", "f2c")]
+        stencils.append((laplacian, True))
+        for stencil, takes_grid in stencils:
+            out, want = (stencil(q, g) if takes_grid else stencil(q) for q in (p, ref))
+            assert out.dtype == jnp.float64, (stencil.__name__, out.dtype)
+            np.testing.assert_array_equal(interior(out, g), interior(want, g), stencil.__name__)

@@ -5,6 +5,7 @@ maps faces to centres (index ``i`` uses ``i`` and ``i + 1``). Along one axis cor
 faces, so ``diff_x_c2f`` takes a v-point field to a corner and ``interp_y_f2c`` a corner to a
 u-point. They act on halo-padded fields (see [`physjax.grids.fill_halo`][]) and keep the
 shape: the outermost halo layer of the result is not meaningful, the interior is exact.
+A bool or integer field (a land/sea mask) is taken in the default floating dtype first.
 Shifts are written as slice-and-zero-pad so that XLA fuses whole stencil expressions into
 a few loops.
 """
@@ -49,6 +50,18 @@ def _check_field(f) -> None:
         )
 
 
+def _real(f: jax.Array) -> jax.Array:
+    """A bool or integer field (a land/sea mask) in the default floating dtype, the dtype a
+    stencil gives it anyway, before any arithmetic: ``True + True`` is ``True`` and int8
+    sums wrap, so the average of two sea cells was 0.5 and ``100 + 100`` in int8 was -56
+    (differences of a bool field stopped in ``sub``). A floating field is returned as it is
+    (the choice is made when tracing, at no cost)."""
+    _check_field(f)
+    if jnp.issubdtype(f.dtype, jnp.inexact):
+        return f
+    return f.astype(jnp.result_type(f.dtype, 0.5))
+
+
 def _check_grid(grid) -> None:
     if not isinstance(grid, Grid):
         raise TypeError(
@@ -73,18 +86,22 @@ def _spacing(grid: Grid, axis: int):
 
 
 def _diff_c2f(f, grid: Grid, axis: int):
+    f = _real(f)
     return (f - _back(f, axis)) / _spacing(grid, axis)
 
 
 def _diff_f2c(f, grid: Grid, axis: int):
+    f = _real(f)
     return (_fwd(f, axis) - f) / _spacing(grid, axis)
 
 
 def _interp_c2f(f, axis: int):
+    f = _real(f)
     return 0.5 * (f + _back(f, axis))
 
 
 def _interp_f2c(f, axis: int):
+    f = _real(f)
     return 0.5 * (_fwd(f, axis) + f)
 
 
@@ -151,7 +168,7 @@ def interp_z_f2c(f: jax.Array) -> jax.Array:
 def laplacian(f: jax.Array, grid: Grid) -> jax.Array:
     """Five-point (2-D) or seven-point (3-D) Laplacian of a halo-padded field, any location.
     The grid's axes are the trailing ones of ``f``; leading (batch) axes are kept."""
-    _check_field(f)
+    f = _real(f)
     _check_grid(grid)
     if f.ndim < grid.ndim:
         raise ValueError(f"f must have at least the grid's {grid.ndim} axes, got shape {f.shape}")
