@@ -240,3 +240,40 @@ def test_a_mixed_precision_state_does_not_compile_again_for_a_new_time():
     sol = integrate_diffrax(rhs, y0, 0.0, 2.0)
     assert len(traced) == first, len(traced) - first
     np.testing.assert_allclose(sol.ys["b"][-1], np.exp(-2.0), rtol=1e-5)
+
+
+def test_advance_and_integrate_refuse_a_time_or_step_that_is_not_one_finite_number():
+    """``advance`` and ``integrate`` took any ``t0`` and ``dt``: ``dt=nan`` returned NaN,
+    ``dt=0`` (or 1e-50, 0 in float32) the state unchanged, ``dt="0.1"`` ran, and a ``t0`` of
+    two values made the time a vector, each without a word. They are refused by name before
+    anything compiles; a negative ``dt`` steps back in time, and traced scalars still run."""
+    step = SCHEMES["rk4"][0]
+
+    def one(y, t, dt):
+        return step(lambda y, t: -y + t, y, t, dt)
+
+    y0 = jnp.ones(3, jnp.float32)
+    bad = [
+        ("t0", dict(t0=float("nan"))),
+        ("t0", dict(t0=jnp.array([0.0, 1.0]))),
+        ("t0", dict(t0=None)),
+        ("dt", dict(dt="0.1")),
+        ("dt", dict(dt=float("inf"))),
+        ("dt", dict(dt=1e39)),  # inf in float32
+        ("dt", dict(dt=True)),
+    ]
+    for name, kw in bad:
+        times = {"t0": 0.0, "dt": 0.1, **kw}
+        with pytest.raises(ValueError, match=rf"^{name} must be (a |one )?finite"):
+            advance(one, y0, times["t0"], times["dt"], 3)
+        with pytest.raises(ValueError, match=rf"^{name} must be (a |one )?finite"):
+            integrate(one, y0, times["t0"], times["dt"], 2, 3)
+    for dt in (0.0, 1e-50):
+        with pytest.raises(ValueError, match=r"^dt must be a nonzero number"):
+            advance(one, y0, 0.0, dt, 3)
+    with pytest.raises(ValueError, match=r"^t0 must be one finite number, got a traced"):
+        jax.jit(lambda t: advance(one, y0, t, 0.1, 3))(jnp.arange(2.0))
+    back = advance(one, advance(one, y0, 0.0, 0.1, 10), 1.0, -0.1, 10)
+    np.testing.assert_allclose(back, y0, rtol=1e-5)
+    traced = jax.jit(lambda t, d: advance(one, y0, t, d, 10))(0.0, 0.1)
+    np.testing.assert_allclose(traced, advance(one, y0, 0.0, 0.1, 10), rtol=1e-6)

@@ -218,6 +218,43 @@ def check_time_span(t0: float, t1: float, dtype, unit: str = "") -> None:
         )
 
 
+def _time_value(name: str, t, dtype) -> float | None:
+    """``t`` held in ``dtype`` (as given when ``None``) as a float, refusing anything but one
+    finite real number that stays finite in ``dtype``; ``None`` for ``None`` and for a traced
+    ``t`` (refused as well when it is not one number)."""
+    if t is None:
+        return None
+    if isinstance(t, jax.core.Tracer):
+        if t.shape != () or not jnp.issubdtype(t.dtype, jnp.number) or jnp.iscomplexobj(t):
+            raise ValueError(f"{name} must be one finite number, got a traced {t.aval}")
+        return None
+    x = _real_scalar(t)
+    if x is None or not math.isfinite(float(x)):
+        raise ValueError(f"{name} must be a finite number, got {t!r}")
+    with np.errstate(over="ignore"):
+        held = float(x if dtype is None else x.astype(dtype))
+    if not math.isfinite(held):
+        raise ValueError(f"{name} must be finite in the state's dtype {np.dtype(dtype)}, got {t!r}")
+    return held
+
+
+def _check_step_times(t0, dt, dtype) -> None:
+    """Refuse a ``t0`` or ``dt`` of the fixed-step loops that is not one finite real number
+    (also in ``dtype``, the state's), and a ``dt`` that is zero there: ``dt=nan`` returned
+    NaN, ``dt=0`` the state unchanged, ``dt="0.1"`` ran, and a ``t0`` of two values made
+    the time a vector, each without a word. A negative ``dt`` steps back in time."""
+    for name, t in (("t0", t0), ("dt", dt)):
+        if t is None:
+            raise ValueError(f"{name} must be a finite number, got None")
+    _time_value("t0", t0, dtype)
+    if _time_value("dt", dt, dtype) == 0:
+        underflow = float(np.asarray(dt)) != 0
+        raise ValueError(
+            f"dt must be a nonzero number (negative to step back in time), got {dt!r}"
+            + (f", which is 0 in the state's dtype {np.dtype(dtype)}" if underflow else "")
+        )
+
+
 def _check_times(t0, t1, dt0, dtype) -> None:
     """Refuse, when they have values, a ``t0``, ``t1`` or ``dt0`` that is not one finite real
     number (also in ``dtype``, the state's, when given) and a ``dt0`` that is zero or points
@@ -226,20 +263,9 @@ def _check_times(t0, t1, dt0, dtype) -> None:
     ``dt0`` of the wrong sign."""
     values = {}
     for name, t in (("t0", t0), ("t1", t1), ("dt0", dt0)):
-        if t is None or isinstance(t, jax.core.Tracer):
-            continue
-        x = _real_scalar(t)
-        if x is None:
-            raise ValueError(f"{name} must be a finite number, got {t!r}")
-        with np.errstate(over="ignore"):
-            held = float(x if dtype is None else x.astype(dtype))
-        if not math.isfinite(float(x)):
-            raise ValueError(f"{name} must be a finite number, got {t!r}")
-        if not math.isfinite(held):
-            raise ValueError(
-                f"{name} must be finite in the state's dtype {np.dtype(dtype)}, got {t!r}"
-            )
-        values[name] = held
+        held = _time_value(name, t, dtype)
+        if held is not None:
+            values[name] = held
     if dtype is not None and {"t0", "t1"} <= values.keys():
         check_time_span(t0, t1, dtype)
     d = values.get("dt0")
@@ -309,13 +335,16 @@ def advance(step: Callable, y: PyTree, t0, dt, n_steps: int, block: Block | None
     at a time; ``step_S`` must do what ``S`` calls of ``step`` do.
 
     ``n_steps`` is an integer ``>= 0`` (0 returns ``y``) known when tracing: under
-    ``jax.jit`` a static argument, not a traced one. ``t0`` and ``dt`` are taken in the
-    dtype of ``y``'s floating leaves when they share one. ``block`` is ``None`` or such a
+    ``jax.jit`` a static argument, not a traced one. ``t0`` and ``dt`` are each one finite
+    number (``dt`` nonzero, negative to step back in time; a ``ValueError`` otherwise), taken
+    in the dtype of ``y``'s floating leaves when they share one. ``block`` is ``None`` or such a
     pair, ``S`` a positive integer (a ``TypeError`` otherwise).
     """
     n_steps = _count("n_steps", n_steps, 0)
     block = _check_block(block)
-    t0, dt = _in_dtype(_time_dtype(y), t0, dt)
+    dtype = _time_dtype(y)
+    _check_step_times(t0, dt, dtype)
+    t0, dt = _in_dtype(dtype, t0, dt)
     return _advance(step, y, t0, dt, n_steps, block)
 
 
@@ -358,7 +387,9 @@ def integrate(
     n_frames = _count("n_frames", n_frames, 0)
     save_every = _count("save_every", save_every, 1)
     block = _check_block(block)
-    t0, dt = _in_dtype(_time_dtype(y0), t0, dt)
+    dtype = _time_dtype(y0)
+    _check_step_times(t0, dt, dtype)
+    t0, dt = _in_dtype(dtype, t0, dt)
     return _integrate(step, y0, t0, dt, n_frames, save_every, observe, block)
 
 
