@@ -646,8 +646,10 @@ def _in_grid_order(field: dict, option: str) -> dict:
 
 def _decode_cf(ds, raw: np.ndarray, option: str, spec: str) -> np.ndarray:
     """The values a CF reader (xarray, netCDF4) sees: cells equal to ``_FillValue`` or
-    ``missing_value`` are missing (an error: a solve needs every cell), and packed data
-    is unpacked as ``raw * scale_factor + add_offset``."""
+    ``missing_value`` are missing (an error: a solve needs every cell), integers marked
+    ``_Unsigned = "true"`` (``"false"``) are read unsigned (signed), as netCDF stores
+    unsigned data in signed types (satellite products' packed counts), and packed data is
+    unpacked as ``raw * scale_factor + add_offset``."""
     if not np.issubdtype(raw.dtype, np.number):
         return raw
     missing = np.zeros(raw.shape, bool)
@@ -662,6 +664,11 @@ def _decode_cf(ds, raw: np.ndarray, option: str, spec: str) -> np.ndarray:
             f"--{option}: {spec} has {int(missing.sum())} missing value(s) (cells equal to its "
             f"_FillValue/missing_value); fill them before solving"
         )
+    unsigned = ds.attrs.get("_Unsigned")
+    if unsigned is not None and raw.dtype.kind in "iu":
+        flag = str(_text(unsigned)).strip().lower()
+        kind = {"true": "u", "false": "i"}.get(flag, raw.dtype.kind)
+        raw = raw.view(f"{raw.dtype.str[0]}{kind}{raw.dtype.itemsize}")  # byte order kept
     scale = ds.attrs.get("scale_factor")
     offset = ds.attrs.get("add_offset")
     if scale is None and offset is None:

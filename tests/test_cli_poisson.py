@@ -943,6 +943,53 @@ def test_packed_and_missing_values_read_as_cf_readers_do(tmp_path, capsys):
     assert f"has {missing} missing value(s) (cells equal to its _FillValue" in err
 
 
+def test_unsigned_integers_read_as_cf_readers_do(tmp_path, capsys):
+    """netCDF keeps unsigned counts in signed types marked ``_Unsigned = "true"`` (satellite
+    products pack them so): they are read unsigned, then unpacked, as xarray reads them.
+    Read signed, half the cells of this f were off by 65536 * scale_factor = 2.18."""
+    x = (np.arange(16) + 0.5) / 16
+    q = np.outer(np.sin(2 * np.pi * x), np.cos(2 * np.pi * x))
+    src = tmp_path / "counts.nc"
+    coords = {"y": ("y", x, {"units": "m"}), "x": ("x", x, {"units": "m"})}
+    xr.Dataset({"q": (("y", "x"), q)}, coords=coords).to_netcdf(
+        src,
+        engine="h5netcdf",
+        encoding={
+            "q": {
+                "dtype": "int16",
+                "_Unsigned": "true",
+                "scale_factor": np.float32(2 / 60000),
+                "add_offset": np.float32(-1.0),
+                "_FillValue": np.int16(-1),  # 65535 unsigned: no cell has it
+            }
+        },
+    )
+    with h5py.File(src, "r") as fh:
+        assert fh["q"].dtype == np.int16 and (fh["q"][...] < 0).sum() > 50  # stored signed
+    code, out = _poisson(tmp_path, "--rhs", f"{src}:q", "--bc", "periodic")
+    assert code == 0
+    with xr.open_dataset(out) as ds, xr.open_dataset(src) as inp:
+        np.testing.assert_allclose(ds["f"], inp["q"], rtol=0, atol=1e-6)
+        np.testing.assert_allclose(ds["f"], q, rtol=0, atol=2e-5)
+    # an unpacked unsigned byte, and the fill value still found among the raw values
+    counts = np.round((q + 1) * 100).astype(np.uint8)
+    counts[0, :3] = 255
+    xr.Dataset(
+        {"c": (("y", "x"), counts.view(np.int8), {"_Unsigned": "true", "_FillValue": np.int8(-1)})}
+    ).to_netcdf(src, engine="h5netcdf")
+    code, out = _poisson(tmp_path, "--rhs", f"{src}:c", "--bc", "periodic", name="c.h5")
+    assert code == 2 and not out.exists()
+    assert "has 3 missing value(s)" in capsys.readouterr().err
+    counts[0, :3] = 7
+    xr.Dataset({"c": (("y", "x"), counts.view(np.int8), {"_Unsigned": "true"})}).to_netcdf(
+        src, engine="h5netcdf"
+    )
+    code, out = _poisson(tmp_path, "--rhs", f"{src}:c", "--bc", "dirichlet", name="c.h5")
+    assert code == 0
+    with xr.open_dataset(out) as ds:
+        np.testing.assert_array_equal(ds["f"], counts.astype(float))
+
+
 def test_rhs_skips_an_incomplete_trailing_frame(tmp_path, capsys):
     """A physjax file killed in the middle of an append has a time axis one longer than its
     ``n_frames``: the last complete frame is the default, and --frame counts those only."""
