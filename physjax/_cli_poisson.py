@@ -381,6 +381,21 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
                 raise ValueError(f"--frame given, but {spec} has no time dimension")
             data = _decode_cf(ds, np.asarray(ds[...]), option, spec)
             index = None
+    # a dimension of size 1 not named x, y or z (a single level, a member): a 2-D field
+    # stored with it is solved in 2-D, not as a 3-D box one cell thick (whose Dirichlet
+    # walls half a cell above and below would change the solution)
+    flat = [k for k in range(data.ndim) if data.shape[k] == 1 and _axis_of(dims[k]) is None]
+    if flat and data.ndim > 2 and data.ndim - len(flat) >= 2:
+        keep = [k for k in range(data.ndim) if k not in flat]
+        _note(
+            f"physjax poisson: note: {spec} has dimensions {tuple(d or '?' for d in dims)} of "
+            f"shape {data.shape}; dropped the dimension(s) of size 1 "
+            f"{', '.join(repr(dims[k] or '?') for k in flat)}"
+        )
+        data = data.reshape([data.shape[k] for k in keep])
+        dims, coords, coord_units, boundaries = (
+            [v[k] for k in keep] for v in (dims, coords, coord_units, boundaries)
+        )
     if data.ndim not in (2, 3):
         raise ValueError(
             f"--{option}: {spec} has dimensions {stored} of shape {shape}; need a 2-D (y, x) "
