@@ -313,7 +313,7 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
                 f"--{option}: {path!r} has no variable {name!r}; variables with two or more "
                 f"dimensions: {have}"
             )
-        dims, coords, coord_units, timelike, boundaries = [], [], [], [], []
+        dims, coords, coord_units, timelike, boundaries, positive = [], [], [], [], [], []
         for d in ds.dims:
             scales = list(d.values())
             scale = scales[0] if scales else None
@@ -337,6 +337,7 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
             coord_units.append(unit)
             timelike.append(_is_time(label, attrs))
             boundaries.append(attrs.get("boundary"))
+            positive.append(str(attrs.get("positive", "")).strip().lower() or None)  # CF's z
         units = ds.attrs.get("units")  # text, also as bytes or a 1-element array (MATLAB's)
         units = None if units is None else _text(units)
         shape = ds.shape
@@ -375,7 +376,7 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
             if coords[0] is not None:
                 time_value, time_units = float(coords[0][index]), coord_units[0]
             dims, coords, coord_units = dims[1:], coords[1:], coord_units[1:]
-            boundaries = boundaries[1:]
+            boundaries, positive = boundaries[1:], positive[1:]
         else:
             if frame is not None and strict:
                 raise ValueError(f"--frame given, but {spec} has no time dimension")
@@ -393,8 +394,8 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
             f"{', '.join(repr(dims[k] or '?') for k in flat)}"
         )
         data = data.reshape([data.shape[k] for k in keep])
-        dims, coords, coord_units, boundaries = (
-            [v[k] for k in keep] for v in (dims, coords, coord_units, boundaries)
+        dims, coords, coord_units, boundaries, positive = (
+            [v[k] for k in keep] for v in (dims, coords, coord_units, boundaries, positive)
         )
     if data.ndim not in (2, 3):
         raise ValueError(
@@ -423,6 +424,7 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
         time=time_value,
         time_units=time_units,
         boundaries=boundaries,
+        positive=positive,
         spec=spec,
     )
     return _in_grid_order(field, option)
@@ -653,7 +655,7 @@ def _in_grid_order(field: dict, option: str) -> dict:
         "data": np.transpose(field["data"], order),
         **{
             key: [field[key][k] for k in order]
-            for key in ("dims", "coords", "coord_units", "boundaries")
+            for key in ("dims", "coords", "coord_units", "boundaries", "positive")
             if key in field
         },
     }
@@ -1116,6 +1118,10 @@ def _run(args, held: contextlib.ExitStack) -> int:
             },
             configuration=config,
         ),
+        # a z read from a file whose coordinate increases downward (a depth) keeps saying so
+        _z_positive="down"
+        if ndim == 3 and rhs is not None and rhs["positive"][0] == "down"
+        else "up",
     )
     removed = solver.singular and s["compatibility"] == "project"
     summary = dict(

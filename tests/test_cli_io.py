@@ -144,6 +144,22 @@ def test_files_are_understood_by_xgcm_and_cf_xarray(tmp_path):
             a.upper(): {"center": a, "left": f"{a}_f"} for a in "zyx"
         }
         assert ds.cf.axes == {"X": ["x", "x_f"], "Y": ["y", "y_f"], "Z": ["z", "z_f"]}
+        # CF 4.3: a vertical coordinate not in units of pressure says which way is up
+        # (it had no `positive`, and cf_xarray found no vertical coordinate)
+        assert {ds[c].attrs.get("positive") for c in ("z", "z_f")} == {"up"}
+        assert sorted(ds.cf.coordinates.get("vertical", [])) == ["z", "z_f"]
+        assert all("positive" not in ds[c].attrs for c in ("x", "x_f", "y", "y_f"))
+    # a right-hand side on a depth axis (increasing downward) gives a z that still does so
+    depth = tmp_path / "depth.nc"
+    coords = {"depth": ("depth", np.arange(4) + 0.5, {"units": "m", "positive": "down"})}
+    f = np.random.default_rng(0).normal(size=(4, 8, 8))
+    xr.Dataset({"f": (("depth", "y", "x"), f)}, coords=coords).to_netcdf(depth, engine="h5netcdf")
+    for src, positive in ((f"{depth}:f", "down"), (f"{p3}:u", "up")):
+        d3 = tmp_path / "d3.h5"
+        argv = ["poisson", "--rhs", src, "--bc", "neumann", "--quiet", "--overwrite"]
+        assert main([*argv, "--output", str(d3)]) == 0
+        with xr.open_dataset(d3) as ds:
+            assert {ds[c].attrs["positive"] for c in ("z", "z_f")} == {positive}
 
 
 def test_resume_equals_uninterrupted_bit_for_bit(tmp_path, capsys):

@@ -382,6 +382,7 @@ class NetCDFWriter:
         *,
         attrs: Mapping[str, Any] | None = None,
         _create: bool = True,
+        _z_positive: str = "up",
     ):
         self.path = os.fspath(path)
         # arguments of the wrong kind failed later with an AttributeError naming none of them
@@ -448,6 +449,7 @@ class NetCDFWriter:
         self.variables = {v.name: v for v in variables}
         self._locking = True
         self._finished: str | None = None  # the status finish() gave, once it has run
+        self._z_positive = _z_positive  # "down" for a z read from a file that says so
         if _create:
             check_writable(self.path)
             self._create(dict(attrs or {}))
@@ -567,6 +569,8 @@ class NetCDFWriter:
                         # not in the SGRID/CF metadata: what xgcm's padding needs
                         boundary="periodic" if periodic else "wall",
                     )
+                    if name == "z":  # CF 4.3: a vertical coordinate not in pressure units
+                        c.attrs["positive"] = self._z_positive  # says which way it increases
                     if stagger == "face":
                         c.attrs["c_grid_axis_shift"] = -0.5
             topo = f.create_variable("grid", (), "i4")
