@@ -986,6 +986,7 @@ def _run_shallow_water(
     plot_stored = False  # the picture is the --plot stored in the file being resumed
     relayout = None  # (the run's layout, the layout it continues on)
     reversion = None  # (the physjax version the run began with, this one), when they differ
+    recorded = None  # the physical parameters the file records, when resuming
     output = settings.get("output")
     if output == "":
         raise ValueError("--output must name a file, got ''")
@@ -1013,6 +1014,7 @@ def _run_shallow_water(
         stored = attrs.get("configuration")
         if not isinstance(stored, dict) or stored.get("command") != "shallow-water":
             raise ValueError(f"--resume: {output!r} was not written by physjax shallow-water")
+        recorded = attrs.get("parameters")
         case = CASES.get(stored.get("case"))
         if case is not None:  # a run setting or an unknown name: as for a new run
             _check_parameter_names(settings.get("parameters") or {}, stored["case"])
@@ -1099,6 +1101,22 @@ def _run_shallow_water(
             f"left as it was; continue it with the physjax that began it"
         )
 
+    if resume and isinstance(recorded, dict):
+        # the configuration stores the --param overrides only, the case's defaults filling
+        # in the rest: the values the run began with are in its `parameters`
+        changed = [
+            (k, recorded[k], v)
+            for k, v in case.parameters.items()
+            if k in recorded and k != "t_end" and recorded[k] != v  # t_end: the run's own
+        ]
+        if changed:
+            listed = ", ".join(f"{k} = {was!r}, where it now has {v!r}" for k, was, v in changed)
+            raise ValueError(
+                f"--resume: the run in {output!r} began with {listed} (this physjax's "
+                f"default for case {case_name!r}, with the run's --param): continuing it would "
+                f"not give the run's result. The file is left as it was; continue it with the "
+                f"physjax that began it"
+            )
     t_end = (
         case.t_end
         if settings.get("t_end") is None

@@ -2050,6 +2050,38 @@ def test_resume_refuses_a_run_stepped_with_another_time_scheme(tmp_path, capsys)
     assert out.read_bytes() == before
 
 
+def test_resume_refuses_a_run_begun_with_other_parameters_than_its_case_gives(tmp_path, capsys):
+    """The configuration stores only the --param overrides; the case's defaults fill in the
+    rest, and the values the run began with are in the file's `parameters`. --resume rebuilt
+    the case from this physjax's defaults without reading them: a file whose run began with
+    another mean_depth (another physjax version's default, 200 m for the 100 m here) was
+    continued with 100 m, exit 0, its new frames another run's. It is now refused, naming
+    the parameter, the file untouched; an unchanged file and a run's own --param and
+    --t-end still resume."""
+    code, out = _run(tmp_path, "--save-every", "2", "--max-frames", "1")
+    assert code == 0
+    code, own = _run(
+        tmp_path, "--save-every", "2", "--max-frames", "1", "--param", "mean_depth=150",
+        name="own.h5",
+    )  # fmt: skip
+    assert code == 0
+    with h5py.File(out, "r+") as f:
+        parameters = json.loads(f.attrs["parameters"])
+        assert parameters["mean_depth"] == 100.0 and parameters["t_end"] == 7200.0
+        f.attrs["parameters"] = json.dumps({**parameters, "mean_depth": 200.0})
+        f.attrs["parameter_mean_depth"] = 200.0
+    before = out.read_bytes()
+    capsys.readouterr()
+    assert main(["shallow-water", "--output", str(out), "--resume", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "began with mean_depth = 200.0, where it now has 100.0" in err, err
+    assert out.read_bytes() == before
+    assert main(["shallow-water", "--output", str(own), "--resume", "--quiet"]) == 0
+    with xr.open_dataset(own) as ds:
+        assert ds.attrs["status"] == "complete" and ds.attrs["parameter_mean_depth"] == 150.0
+        assert float(ds["time"][-1]) == 7200.0
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_stop_while_a_stderr_write_is_blocked_is_no_error(monkeypatch, signum):
     """A Ctrl-C or SIGTERM while a write to stderr was blocked (the progress bar on a paused
