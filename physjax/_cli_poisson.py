@@ -690,6 +690,16 @@ def _decode_cf(ds, raw: np.ndarray, option: str, spec: str) -> np.ndarray:
     offset = ds.attrs.get("add_offset")
     if scale is None and offset is None:
         return raw
+    for key, value in (("scale_factor", scale), ("add_offset", offset)):
+        number = np.asarray(value)
+        if value is not None and (number.size != 1 or number.dtype.kind not in "iuf"):
+            # text ("0.5") or several values stopped in NumPy, naming neither
+            raise ValueError(
+                f"--{option}: {spec} has {key} = {_text(value)!r}, not a number: packed "
+                f"data are unpacked as raw * scale_factor + add_offset, each one number"
+            )
+    scale = None if scale is None else np.asarray(scale).ravel()[0]
+    offset = None if offset is None else np.asarray(offset).ravel()[0]
     dtype = np.result_type(
         np.float32, *(np.asarray(v).dtype for v in (scale, offset) if v is not None)
     )

@@ -943,6 +943,23 @@ def test_packed_and_missing_values_read_as_cf_readers_do(tmp_path, capsys):
     assert f"has {missing} missing value(s) (cells equal to its _FillValue" in err
 
 
+@pytest.mark.parametrize(
+    "key, value", [("scale_factor", "0.5"), ("add_offset", np.array([1.0, 2.0]))]
+)
+def test_a_packing_attribute_that_is_not_one_number_is_named(tmp_path, capsys, key, value):
+    """A scale_factor stored as text (as some tools write attributes) or an add_offset of
+    two values stopped with NumPy's "ufunc 'multiply' did not contain a loop …" or
+    "operands could not be broadcast …", naming neither the variable nor the attribute."""
+    src = tmp_path / "packed.h5"
+    with h5py.File(src, "w") as fh:
+        fh["q"] = np.arange(256, dtype=np.int16).reshape(16, 16)
+        fh["q"].attrs[key] = value
+    code, out = _poisson(tmp_path, "--rhs", f"{src}:q", "--bc", "dirichlet")
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists()
+    assert f"--rhs: {src}:q has {key} = " in err and "not a number" in err, err
+
+
 def test_unsigned_integers_read_as_cf_readers_do(tmp_path, capsys):
     """netCDF keeps unsigned counts in signed types marked ``_Unsigned = "true"`` (satellite
     products pack them so): they are read unsigned, then unpacked, as xarray reads them.
