@@ -4,7 +4,8 @@
 # bandwidth reached (column %copy; target ≥ 40% at 4096²).
 # Run from the repository root:  bash benchmarks/gpu_check.sh
 # Writes $OUT (the device tool's folder) or benchmarks/results. SIZES overrides the sizes
-# (a dry run on the CPU: SIZES="64 128" bash benchmarks/gpu_check.sh); PYTHON the
+# (a dry run on the CPU: SIZES="64 128" bash benchmarks/gpu_check.sh; without SIZES, a
+# machine where jax finds no GPU stops the check at once, exit status 1); PYTHON the
 # interpreter (default python3). physjax needs no install: the benchmark puts the
 # repository on sys.path; it needs jax (with its CUDA plugin), equinox, jaxtyping, diffrax
 # and numpy (not h5netcdf, xarray or matplotlib), checked first. It also writes the compiled
@@ -40,8 +41,16 @@ py="${PYTHON:-python3}"
 sizes="${SIZES:-1024 2048 4096}"
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-"$py" -c "import diffrax, equinox, jaxtyping, numpy, jax; print('jax', jax.__version__, jax.devices())" \
-    2>&1 | tee "$out/gpu_env.log"
+# Without an accelerator jax falls back to the CPU (a jax without its CUDA plugin, or no GPU
+# visible): the check stops here, rather than spend the device's time on the CPU benchmark
+# and write its figures as the GPU's. Giving SIZES is the dry run, which runs on the CPU.
+"$py" -c "
+import sys, diffrax, equinox, jaxtyping, numpy, jax
+print('jax', jax.__version__, jax.devices())
+if jax.default_backend() == 'cpu' and not sys.argv[1]:
+    sys.exit('gpu_check.sh: no GPU: jax runs on the CPU (no CUDA plugin installed, or no '
+             'device visible); nothing measured. SIZES=\"64 128\" runs the dry run on the CPU')
+" "${SIZES:-}" 2>&1 | tee "$out/gpu_env.log"
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm,clocks.max.mem --format=csv \
     >> "$out/gpu_env.log" 2>&1 || true
 # shellcheck disable=SC2086  # sizes is a list

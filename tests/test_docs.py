@@ -569,6 +569,30 @@ def test_gpu_check_keeps_within_its_budget_when_a_step_hangs(tmp_path):
     assert "padded carry rc=124" in log, log  # stopped by its share of the budget
 
 
+def test_gpu_check_stops_at_once_where_jax_finds_no_gpu(tmp_path):
+    """Where jax finds no GPU (installed without its CUDA plugin, or no device visible) it
+    runs on the CPU, and the GPU check ran its 1024²–4096² benchmark there, spending the
+    lent machine's time and writing the CPU's figures as shallow_water_gpu.json/.log. It
+    now stops after its environment line, exit status 1, saying so; SIZES (the documented
+    dry run) still runs on the CPU (the tests above)."""
+    stub = _gpu_check_stub(tmp_path)
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k not in ("SIZES", "CARRY", "EXTRAS")}
+    env.update(OUT=str(out), PYTHON=str(stub), JAX_PLATFORMS="cpu")
+    done = subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
+    assert "no GPU" in done.stdout and "SIZES=" in done.stdout, done.stdout
+    assert sorted(p.name for p in out.iterdir()) == ["gpu_env.log"]
+    assert "no GPU" in (out / "gpu_env.log").read_text()
+
+
 _AB_FUSIONS = r"""
 import os, sys
 sys.path.insert(0, os.path.dirname(sys.argv[1]))
