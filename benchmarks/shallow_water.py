@@ -8,7 +8,10 @@ costs of physjax's plain (unblocked) step and of strips advanced one step per vi
 in the same run, the strip height used, the number of XLA fusions per RK3 step of the plain
 step, and the fraction of the machine's memory bandwidth reached (minimum traffic: the three
 prognostic fields read and written once per stage, 18·N²·itemsize bytes per step). The
-bandwidth is measured here by a STREAM-like in-place add. Writes JSON to benchmarks/results/.
+bandwidth is measured here by a STREAM-like in-place add. Writes JSON to
+benchmarks/results/shallow_water.json; a partial run (other ``--sizes`` or ``--dtypes``, or
+``--no-numpy``) writes ``shallow_water_partial.json`` there instead, so that it never
+replaces the full run's file (``--output`` chooses).
 
     python benchmarks/shallow_water.py                       # 256² … 2048², float32 and float64
     python benchmarks/shallow_water.py --sizes 4096 --dtypes float32 --no-numpy   # GPU check
@@ -51,6 +54,7 @@ from physjax.solvers.shallow_water._blocked import (  # noqa: E402
 from physjax.solvers.shallow_water._model import _strip_plan  # noqa: E402
 
 G, F0, L, H = 9.81, 1e-4, 4.0e6, 500.0
+FULL_SIZES, FULL_DTYPES = [256, 512, 1024, 2048], ["float32", "float64"]  # the full run
 
 
 def _timeit(fn, min_time=1.0, repeats=3):
@@ -255,16 +259,24 @@ def _cpu_model() -> str | None:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--sizes", type=int, nargs="+", default=[256, 512, 1024, 2048])
-    p.add_argument("--dtypes", nargs="+", default=["float32", "float64"])
+    p.add_argument("--sizes", type=int, nargs="+", default=FULL_SIZES)
+    p.add_argument("--dtypes", nargs="+", default=FULL_DTYPES)
     p.add_argument("--no-numpy", action="store_true", help="skip the NumPy baseline")
-    p.add_argument("--output", default=os.path.join(HERE, "results", "shallow_water.json"))
+    p.add_argument(
+        "--output",
+        help="results file (default: benchmarks/results/shallow_water.json; for a partial run, "
+        "other --sizes or --dtypes or --no-numpy, shallow_water_partial.json beside it)",
+    )
     p.add_argument(
         "--hlo",
         metavar="DIR",
         help="write the compiled step's HLO text of the largest size there (hlo_N_DTYPE.txt)",
     )
     args = p.parse_args(argv)
+    if args.output is None:  # a partial run never replaces the full run's file
+        full = args.sizes == FULL_SIZES and args.dtypes == FULL_DTYPES and not args.no_numpy
+        name = "shallow_water.json" if full else "shallow_water_partial.json"
+        args.output = os.path.join(HERE, "results", name)
     if args.hlo:  # made now: the largest size, whose text goes there, is measured last
         os.makedirs(args.hlo, exist_ok=True)
 

@@ -430,6 +430,41 @@ def test_shallow_water_benchmark_makes_its_hlo_folder(tmp_path):
     assert (tmp_path / "new" / "hlo" / "hlo_16_float32.txt").is_file()
 
 
+_SW_BENCHMARK_DEFAULT_OUTPUT = _SW_BENCHMARK_OUTPUT.replace(
+    'bench.main(["--sizes", "16", "--dtypes", "float32", "--no-numpy", *sys.argv[2:]])\n'
+    'print(json.dumps(sorted(json.load(open("sw.json")))))\n',
+    "import os\n"
+    "bench.HERE = os.getcwd()  # its results/ folder here, not the checkout's\n"
+    "bench.bench_numpy = lambda n, dtype: (2e-3, 0.0)\n"
+    "bench.main(sys.argv[2:])\n"
+    'print(json.dumps(sorted(os.listdir("results"))))\n',
+)
+
+
+@pytest.mark.parametrize(
+    "argv, written",
+    [
+        (["--sizes", "16", "--dtypes", "float32"], "shallow_water_partial.json"),
+        (["--dtypes", "float64"], "shallow_water_partial.json"),
+        (["--no-numpy"], "shallow_water_partial.json"),
+        ([], "shallow_water.json"),
+    ],
+)
+def test_shallow_water_benchmark_partial_run_keeps_the_full_runs_file(tmp_path, argv, written):
+    """``benchmarks/shallow_water.py --sizes 16`` (a try on one small size) wrote its figures
+    over benchmarks/results/shallow_water.json, the full run's file that docs/benchmarks.md
+    cites, as every run without ``--output`` did; poisson.py and pinn_laplacian.py keep
+    their partial runs apart. A partial run now writes shallow_water_partial.json."""
+    assert "bench.HERE = os.getcwd()" in _SW_BENCHMARK_DEFAULT_OUTPUT  # the stand-in took
+    done = _run_snippet(
+        _SW_BENCHMARK_DEFAULT_OUTPUT, tmp_path, str(ROOT / "benchmarks" / "shallow_water.py"), *argv
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    import json
+
+    assert json.loads(done.stdout.splitlines()[-1]) == [written], done.stdout
+
+
 _CARRY_BENCHMARK_FOLDER = r"""
 import importlib.util, os, sys
 sys.path.insert(0, os.path.dirname(sys.argv[1]))
