@@ -151,7 +151,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument("--precision", choices=("float32", "float64"), help="default float64")
     p.add_argument(
         "--devices",  # checked with the config file's value, for one-line errors
-        help="devices to split the grid over: a count (4) or a layout (2x2)",
+        help="devices to split the grid over: a count (4) or a layout, y×x (2x2) or, for a "
+        "3-D problem, z×y×x (1x2x2); a count 4 is 2x2 in 2-D, 1x2x2 in 3-D",
     )
     p.add_argument("--output", help="NetCDF4/HDF5 output file (default poisson.h5)")
     p.add_argument(
