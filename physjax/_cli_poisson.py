@@ -500,6 +500,12 @@ def _open_for_reading(path: str, option: str):
                 f"NetCDF4/HDF5: convert it, e.g. nccopy -k nc4 {path} out.nc, or with "
                 f"xarray: xr.open_dataset({path!r}).to_netcdf('out.nc', engine='h5netcdf')"
             ) from None
+        from .io._reading import LOCKS_UNSUPPORTED, locks_unsupported
+
+        if locks_unsupported(e):
+            raise ValueError(
+                f"--{option}: cannot read {path!r}: {e}; {LOCKS_UNSUPPORTED}"
+            ) from None
         raise ValueError(f"--{option}: cannot read {path!r} as a NetCDF4/HDF5 file: {e}") from None
 
 

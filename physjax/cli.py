@@ -830,8 +830,12 @@ def _check_overwrite(output: str, overwrite: bool, command: str = "shallow-water
     try:
         attrs = read_attrs(output)
     except (ValueError, OSError) as e:  # damaged, truncated, not HDF5, or held by a writer
+        from .io._reading import locks_unsupported
+
         if "file signature not found" in str(e):  # not HDF5: not a physjax file
             attrs = {}
+        elif locks_unsupported(e):  # not damaged: no file of this file system opens
+            raise ValueError(f"--output {output!r}: {e}") from None
         else:
             raise ValueError(
                 f"--output {output!r} exists and {_unreadable(e, output)}; it is left as it "
@@ -884,6 +888,10 @@ def _unreadable(e: BaseException, path: str) -> str:
 
 def _unresumable(e: BaseException) -> ValueError:
     """The error of ``--resume`` for a file that cannot be read (nothing written to it)."""
+    from .io._reading import locks_unsupported
+
+    if locks_unsupported(e):  # not damaged: no file of this file system opens
+        return ValueError(f"--resume: {e}")
     return ValueError(
         f"--resume: {e}; the file is damaged or truncated (or not a physjax output file) "
         f"and its run cannot be continued: it is left as it is. Start a new run with another "

@@ -2777,3 +2777,49 @@ def test_reopen_checks_its_history_line_before_touching_the_file(tmp_path):
     assert path.read_bytes() == before and read_attrs(path)["status"] == "stopped: x"
     NetCDFWriter.reopen(path, grid, h, history="resumed")
     assert read_attrs(path)["history"].endswith(": resumed")
+
+
+def test_a_file_system_without_file_locks_is_named_with_its_remedy(tmp_path, monkeypatch, capsys):
+    """On a file system without file locks (Lustre or NFS mounted without flock) HDF5 fails
+    every open with "unable to lock file, errno = 524", and the remedy is
+    HDF5_USE_FILE_LOCKING=FALSE. A --rhs read took it for a lock held by another process:
+    it waited the full 5 s and then said the file "is locked by another process … try
+    again"; a run's new file and read_attrs said nothing of the remedy (read_attrs: "locked
+    by a process writing it; try again in a moment"). Each now names it, at once."""
+    from physjax.io import read_attrs
+
+    src = tmp_path / "f.h5"
+    with h5py.File(src, "w") as fh:
+        fh["f"] = np.ones((8, 8))
+    real = h5py.File
+
+    def no_locks(name, mode="r", *args, **kwargs):
+        if kwargs.get("locking") is False:
+            return real(name, mode, *args, **kwargs)
+        raise OSError(
+            524,
+            "Unable to synchronously open file (unable to lock file, errno = 524, error "
+            "message = 'Unknown error 524')",
+        )
+
+    monkeypatch.setattr(h5py, "File", no_locks)
+    monkeypatch.setattr("physjax.io._reading.READ_WAIT", 20.0)  # a wait would be plain
+    t0 = time.monotonic()
+    out = tmp_path / "p.h5"
+    code = main(["poisson", "--rhs", f"{src}:f", "--bc", "dirichlet", "--output", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists()
+    assert "HDF5_USE_FILE_LOCKING=FALSE" in err and "locked by another" not in err, err
+    assert time.monotonic() - t0 < 10  # not the wait for a lock to be released
+    code = main(["shallow-water", *FAST, "--output", str(tmp_path / "sw.h5")])
+    err = capsys.readouterr().err
+    assert code == 2 and "HDF5_USE_FILE_LOCKING=FALSE" in err, err
+    assert not (tmp_path / "sw.h5").exists()
+    with pytest.raises(ValueError, match="HDF5_USE_FILE_LOCKING=FALSE"):
+        read_attrs(src)
+    # an existing output, or one to resume, is not called damaged (nor --overwrite advised)
+    for argv in (["shallow-water", *FAST], ["shallow-water", "--resume", "--quiet"]):
+        assert main([*argv, "--output", str(src)]) == 2
+        err = capsys.readouterr().err
+        assert "HDF5_USE_FILE_LOCKING=FALSE" in err and "damaged" not in err, err
+        assert "--overwrite" not in err, err

@@ -50,7 +50,7 @@ import numpy as np
 from .. import __version__
 from ..grids import Grid, Stagger
 from ..grids._grid import check_location
-from ._reading import error_text, hidden_beside
+from ._reading import LOCKS_UNSUPPORTED, error_text, hidden_beside, locks_unsupported
 
 STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"
@@ -527,7 +527,8 @@ class NetCDFWriter:
             if os.path.exists(tmp):
                 os.remove(tmp)
             if isinstance(e, OSError):
-                raise ValueError(f"cannot write {self.path!r}: {e}") from None
+                hint = f"; {LOCKS_UNSUPPORTED}" if locks_unsupported(e) else ""
+                raise ValueError(f"cannot write {self.path!r}: {e}{hint}") from None
             raise
 
     def _write_new(self, tmp: str, attrs: dict[str, Any]) -> None:
@@ -953,6 +954,8 @@ def _open_for_reading(path: str) -> h5netcdf.File:
     except FileNotFoundError:
         raise ValueError(f"file {path!r} does not exist") from None
     except OSError as e:
+        if locks_unsupported(e):
+            raise ValueError(f"cannot read {path!r}: {e}; {LOCKS_UNSUPPORTED}") from None
         if isinstance(e, BlockingIOError) or "unable to lock file" in str(e):
             raise BlockingIOError(
                 errno.EAGAIN,

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -44,6 +45,35 @@ _CHANGING = (
     "can't read data",  # the same, from HDF5 before 1.14
     "can't synchronously read attribute",
 )
+
+#: errno values with which HDF5's lock fails on a file system that has no file locks
+#: (ENOLCK, ENOSYS, EOPNOTSUPP, and 524, ENOTSUPP, from Lustre or NFS mounts without flock):
+#: no other process holds the file, and no wait mends it.
+_NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, 524)
+
+#: What to do about it.
+LOCKS_UNSUPPORTED = (
+    "the file system does not support HDF5's file locks: set the environment variable "
+    "HDF5_USE_FILE_LOCKING=FALSE (e.g. export HDF5_USE_FILE_LOCKING=FALSE) and try again"
+)
+
+
+def locks_unsupported(e: BaseException | None) -> bool:
+    """Whether ``e`` (or an error it was raised in place of) is HDF5's failure to lock a
+    file on a file system without file locks ("unable to lock file, errno = 524"), not a
+    lock that another process holds."""
+    seen = 0
+    while e is not None and seen < 8:
+        text = error_text(e).lower()
+        if "unable to lock file" in text:
+            found = re.search(r"errno = (\d+)", text)
+            number = int(found[1]) if found else getattr(e, "errno", None)
+            if number in _NO_LOCKS:
+                return True
+        e = e.__cause__ or e.__context__
+        seen += 1
+    return False
+
 
 #: Words of HDF5 messages that no wait mends, though they come as a failed read: a variable
 #: compressed with a filter this HDF5 lacks (zstd, blosc: an hdf5plugin not installed).
@@ -82,6 +112,8 @@ def transient_error(e: BaseException) -> tuple[str, BaseException] | None:
     ``error`` is the one that first said so: ``e`` itself, or one it was raised in place of
     (``e.__context__``, also where it was raised ``from None``), such as the HDF5 error
     behind a ``ValueError("cannot read … as a NetCDF4/HDF5 file: …")``."""
+    if locks_unsupported(e):  # a file system without locks: no other process holds it
+        return None
     found = None
     seen = 0
     while e is not None and seen < 8:  # the chain of errors raised in place of others
