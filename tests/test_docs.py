@@ -633,7 +633,7 @@ import os, sys
 sys.path.insert(0, os.path.dirname(sys.argv[1]))
 from physjax.solvers.shallow_water import _blocked
 
-_blocked.CACHE_SYSFS = sys.argv[2]  # a machine with 4 KiB of cache: auto blocks at 64²
+_blocked.CACHE_SYSFS = sys.argv[2]  # a machine with 4 KiB of cache: auto blocks at 128²
 import importlib.util
 
 spec = importlib.util.spec_from_file_location("ab", sys.argv[1])
@@ -642,7 +642,7 @@ spec.loader.exec_module(ab)
 # the timing takes minutes: stand-ins; the fusion count is real
 ab.compiled_advance = lambda *a: None
 ab.interleaved = lambda fns, rounds, seconds: {v: (1.0, 1.0) for v in fns}
-ab.main(["64:float32:auto:auto", "64:float32:0:auto", "--fusions"])
+ab.main(["128:float32:auto:auto", "128:float32:0:auto", "--fusions"])
 """
 
 
@@ -660,8 +660,8 @@ def test_ab_benchmark_counts_no_strips_as_a_plain_step(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     lines = {line.split()[0]: line for line in done.stdout.splitlines() if "best" in line}
-    assert "fusions/step" not in lines["64:float32:auto:auto"], done.stdout
-    assert "fusions/step" in lines["64:float32:0:auto"], done.stdout
+    assert "fusions/step" not in lines["128:float32:auto:auto"], done.stdout
+    assert "fusions/step" in lines["128:float32:0:auto"], done.stdout
 
 
 _SW_NUMPY_CHECK = r"""

@@ -53,6 +53,11 @@ PLAIN_WORKING_SET_FIELDS = 13
 AUTO_STRIP_BYTES = 2**20
 #: Steps advanced per visit of a strip when the strips are chosen automatically.
 AUTO_STRIP_STEPS = 3
+#: Grids with fewer columns are never blocked automatically: XLA:CPU runs the strips of
+#: rows this short several times slower than the plain step (2-core AMD VM, three steps per
+#: visit: 16384×64 float32 203 ns per cell-update against 34 plain, ×96 222 against 35,
+#: ×112 195 against 38, 8192×64 float64 270 against 111; from ×128 up faster than plain).
+AUTO_MIN_COLUMNS = 128
 
 
 #: Where Linux describes the first CPU's caches.
@@ -95,11 +100,14 @@ def auto_strip_rows(grid: Grid, cache_bytes: int | None | str = "detect", min_ro
     with 32 MiB of L3, three steps per visit, slower at 256² float64 (0.5 MiB fields), as
     fast at 512² (float32 and float64), faster from 1024² up (one step per visit: faster from
     768² float64 up); on a 2-core VM with 300 MiB of L3, one step per visit, slower up to
-    1024² float64 and 2048² float32, faster at 2048² float64 (docs/benchmarks.md).
+    1024² float64 and 2048² float32, faster at 2048² float64 (docs/benchmarks.md). Grids
+    of fewer than ``AUTO_MIN_COLUMNS`` columns are not blocked: their strips run slower.
     """
+    ny, nx = grid.shape
+    if nx < AUTO_MIN_COLUMNS:
+        return 0
     if cache_bytes == "detect":
         cache_bytes = last_level_cache_bytes()
-    ny, nx = grid.shape
     row_bytes = nx * jnp.dtype(grid.dtype).itemsize
     field = ny * row_bytes
     if cache_bytes is None:

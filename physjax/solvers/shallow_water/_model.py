@@ -265,8 +265,9 @@ class ShallowWater(eqx.Module):
       step's working set (13 field-sized buffers) no longer fits in the last-level cache read
       from Linux's sysfs (with 32 MiB of L3, from 569² float64 or 804² float32 up); where
       the cache size cannot be read, for fields of 4 MiB or more (725² float64, 1024² float32);
-      ``0``: never; a number of rows from 3 to ``ny``: always (on one device; a run split
-      over a mesh steps each block unblocked). When it does not divide ``ny``, the first
+      never for grids narrower than 128 columns, whose strips XLA:CPU runs slower than the
+      plain step; ``0``: never; a number of rows from 3 to ``ny``: always (on one device; a
+      run split over a mesh steps each block unblocked). When it does not divide ``ny``, the first
       strip takes the remaining rows (with ``strip_rows`` more if they are fewer than the
       overlap), compiled as a block of its own.
     - `strip_steps`: steps advanced per visit of a strip (temporal blocking: a strip is read
