@@ -113,17 +113,19 @@ def _child(variant: str, depth: int, dim: int, n: int, width: int, repeats: int,
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--depths", type=int, nargs="+", default=[4, 8])
-    p.add_argument("--dims", type=int, nargs="+", default=[2, 3])
-    p.add_argument("--n", type=int, nargs="+", default=[1024, 4096, 16384])
+    # defaults below: the full run's, or --quick's for what is not given
+    p.add_argument("--depths", type=int, nargs="+", help="default 4 8 (--quick: 4)")
+    p.add_argument("--dims", type=int, nargs="+", help="default 2 3 (--quick: 2)")
+    p.add_argument("--n", type=int, nargs="+", help="default 1024 4096 16384 (--quick: 1024)")
     p.add_argument("--width", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, help="default 3 (--quick: 2)")
     p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument(
         "--quick",
         action="store_true",
-        help=f"smoke run: depth 4, 2-D, N=1024, 2 repeats; writes {QUICK_RESULTS} by default",
+        help=f"smoke run: depth 4, 2-D, N=1024, 2 repeats (unless given); writes "
+        f"{QUICK_RESULTS} by default",
     )
     p.add_argument(
         "--output",
@@ -138,6 +140,11 @@ def main(argv=None):
     )
     p.add_argument("--child", nargs=4, metavar=("VARIANT", "DEPTH", "DIM", "N"), help="internal")
     args = p.parse_args(argv)
+    # --quick sets what is not given: `--quick --depths 8` runs depth 8 (it ran depth 4)
+    defaults = ([4], [2], [1024], 2) if args.quick else ([4, 8], [2, 3], [1024, 4096, 16384], 3)
+    for name, value in zip(("depths", "dims", "n", "repeats"), defaults, strict=True):
+        if getattr(args, name) is None:
+            setattr(args, name, value)
 
     if args.child:
         v, depth, dim, n = args.child
@@ -146,8 +153,6 @@ def main(argv=None):
         return
     if args.output is None:  # a smoke run never replaces the committed results
         args.output = QUICK_RESULTS if args.quick else RESULTS
-    if args.quick:
-        args.depths, args.dims, args.n, args.repeats = [4], [2], [1024], 2
 
     rows = []
     print(

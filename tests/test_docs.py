@@ -729,3 +729,51 @@ def test_shallow_water_benchmark_rounds_last_at_least_a_second(tmp_path):
     done = _run_snippet(_SW_TIMEIT_ROUNDS, tmp_path, str(ROOT / "benchmarks" / "shallow_water.py"))
     assert done.returncode == 0, done.stderr[-3000:]
     assert "timed calls: 2" in done.stdout, done.stdout
+
+
+_PINN_QUICK = r"""
+import importlib.util, json, sys, types
+spec = importlib.util.spec_from_file_location("pinn_bench", sys.argv[1])
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+children = []
+
+
+def run(cmd, **kwargs):  # the children measure for minutes: stand-ins that report at once
+    children.append(cmd[cmd.index("--child") + 1 :])
+    result = {"time_s": 1.0, "temp_bytes": 1, "peak_rss_bytes": 1}
+    return types.SimpleNamespace(returncode=0, stdout="RESULT " + json.dumps(result), stderr="")
+
+
+bench.subprocess.run = run
+bench.main(["--output", "quick.json", "--variants", "first_order", *sys.argv[2:]])
+print(json.dumps(children))
+"""
+
+
+@pytest.mark.parametrize(
+    "argv, depths, dims, ns, repeats",
+    [
+        (["--quick"], ["4"], ["2"], ["1024"], "2"),
+        (["--quick", "--depths", "8", "--dims", "3"], ["8"], ["3"], ["1024"], "2"),
+        (["--quick", "--n", "4096", "--repeats", "5"], ["4"], ["2"], ["4096"], "5"),
+        (["--depths", "2"], ["2"], ["2", "3"], ["1024", "4096", "16384"], "3"),
+    ],
+)
+def test_pinn_benchmark_quick_takes_the_settings_given(tmp_path, argv, depths, dims, ns, repeats):
+    """``benchmarks/pinn_laplacian.py --quick --depths 8`` measured depth 4: ``--quick`` set
+    depth, dimension, N and repeats over whatever was given, without a word (the JSON's
+    ``command`` then named ``--depths 8`` over rows of depth 4). It now sets only those not
+    given."""
+    import json
+
+    done = _run_snippet(
+        _PINN_QUICK, tmp_path, str(ROOT / "benchmarks" / "pinn_laplacian.py"), *argv
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    children = json.loads(done.stdout.splitlines()[-1])
+    assert [c[1] for c in children] == [d for d in depths for _ in dims for _ in ns]
+    assert {c[2] for c in children} == set(dims) and {c[3] for c in children} == set(ns)
+    assert {c[c.index("--repeats") + 1] for c in children} == {repeats}
+    rows = json.loads((tmp_path / "quick.json").read_text())["results"]
+    assert [str(r["depth"]) for r in rows] == [c[1] for c in children]
