@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import numpy as np
 
@@ -170,6 +171,17 @@ def _when_text(value: float, unit) -> str:
     return f"{value:g} {unit}"
 
 
+_UNIT_POWER = re.compile(r"(?<![\w.^])([A-Za-z]+)(-?\d+)(?![\w.])")
+
+
+def _units_text(units: str) -> str:
+    """A CF/UDUNITS units string as a label: powers raised (``"kg m-2 s-1"`` drawn as
+    kg m⁻² s⁻¹, as the shallow-water panels' own units are), and a ``$`` of the file's
+    text taken literally rather than as the start of mathematics."""
+    units = str(units).replace("$", r"\$")
+    return _UNIT_POWER.sub(lambda m: f"{m.group(1)}$^{{{m.group(2)}}}$", units)
+
+
 def _length_text(z: float) -> str:
     """A level for a title: metres below 10 km (no exponent), else km."""
     if abs(z) >= 1e4:
@@ -332,7 +344,8 @@ def plot_panels(
             values = values[np.isfinite(values)]
             signed = values.size and values.min() < 0 < values.max()
             cmap = "RdBu_r" if signed else "viridis"
-            panels.append((var, f"{name}: {long_name}", var.attrs.get("units", ""), cmap))
+            units = _units_text(var.attrs.get("units", ""))
+            panels.append((var, f"{name}: {long_name}", units, cmap))
     elif "h" in sel and "zeta" in sel:
         eta = sel["h"] + (sel["bottom"] if "bottom" in sel else 0)
         anomaly = eta - float(eta.where(np.isfinite(eta)).mean())  # an Inf cell: not all Inf
@@ -345,7 +358,7 @@ def plot_panels(
                     (
                         var,
                         var.attrs.get("long_name", name),
-                        var.attrs.get("units", ""),
+                        _units_text(var.attrs.get("units", "")),
                         "viridis",
                     )
                 )

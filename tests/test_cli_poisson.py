@@ -547,11 +547,24 @@ def test_plot_of_a_dimensionless_field_gives_its_power_of_ten_alone(tmp_path, mo
     assert code == 0
     bars = [ax.collections[0].colorbar.ax.get_ylabel() for ax in figures[-1].axes]
     assert bars[0] == "u [1]" and re.fullmatch(r"error \[\$10\^\{-\d\}\$\]", bars[2])
-    assert bars[1].startswith("residual [$10^{-1") and bars[1].endswith("$ m-2]")
+    assert bars[1].startswith("residual [$10^{-1") and bars[1].endswith("$ m$^{-2}$]")
     with h5py.File(out, "a") as h:
         del h["u"].attrs["units"]
     assert main(["plot", str(out), "--output", str(tmp_path / "q.png")]) == 0
     assert figures[-1].axes[0].collections[0].colorbar.ax.get_ylabel() == "u"
+
+
+def test_plot_raises_the_powers_of_a_files_units():
+    """The poisson panels' colour bars showed a file's UDUNITS text as stored ("m-2",
+    "s-1 m") where the shallow-water panels draw s⁻¹; the powers are now raised, and a "$"
+    in a file's units is drawn as itself instead of opening mathematics."""
+    from physjax._plot import _units_text
+
+    assert _units_text("kg m-2 s-1") == "kg m$^{-2}$ s$^{-1}$"
+    assert _units_text("m2 s-2") == "m$^{2}$ s$^{-2}$"
+    for same in ("1", "m", "K", "degrees_north", "1e-3 kg", "W m^2"):
+        assert _units_text(same) == same
+    assert _units_text("US$ m-1") == r"US\$ m$^{-1}$"
 
 
 def test_plot_of_a_deep_3d_box_gives_its_level_without_an_exponent(tmp_path, monkeypatch):
