@@ -513,10 +513,11 @@ def integrate_diffrax(
     then pads its output to ``max_steps`` frames (the dense interpolation to ``max_steps``
     steps of solver stages), which at 100 000 would be 100 000 copies of the state (79 GB
     for a 256² float32 shallow-water state). Give ``max_steps`` to choose: a positive
-    integer (Python or NumPy) or ``None`` (no limit, which ``steps=True`` and the default
-    adjoint do not allow). A solve that reaches it (or fails otherwise) raises (diffrax's
-    ``EquinoxRuntimeError``: 'The maximum number of solver steps was reached'); with
-    ``throw=False`` it returns, and ``sol.result`` says how it ended
+    integer (Python or NumPy) or ``None`` (no limit: refused by diffrax with ``steps=True``
+    or dense output, and under reverse-mode ``jax.grad`` with the default adjoint, which
+    must know how many steps to store). A solve that reaches it (or fails otherwise)
+    raises (diffrax's ``EquinoxRuntimeError``: 'The maximum number of solver steps was
+    reached'); with ``throw=False`` it returns, and ``sol.result`` says how it ended
     (``diffrax.RESULTS.successful`` or why not; with ``SaveAt(ts=...)`` the frames it did
     not reach are ``inf``, with the default ``SaveAt(t1=True)`` the one frame is the state
     where it stopped, ``sol.ts`` that time rather than ``t1``) —
