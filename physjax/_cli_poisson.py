@@ -13,6 +13,7 @@ import contextlib
 import math
 import os
 import re
+import secrets
 import sys
 import time
 from typing import Any
@@ -954,6 +955,7 @@ def _run(args, held: contextlib.ExitStack) -> int:
 
     from .grids import Grid
     from .io import NetCDFWriter, Variable
+    from .io._reading import hidden_beside
     from .parallel import make_mesh
     from .solvers.poisson import PoissonSolver
 
@@ -1111,35 +1113,6 @@ def _run(args, held: contextlib.ExitStack) -> int:
     )
     if replacing:  # named once every setting has passed, as the file is replaced
         _note(replacing)
-    writer = NetCDFWriter(
-        output,
-        grid,
-        variables,
-        attrs=dict(
-            # the case names its right-hand side; with other conditions it is not the case's
-            # problem any more, and the name says so
-            case=(
-                "user"
-                if rhs is not None
-                else s["case"]
-                if all(b == case_bc for b in bc)
-                else f"{s['case']} right-hand side, bc {','.join(bc)}"
-            ),
-            title="physjax poisson",
-            # the problem's sizes as a shallow-water file gives them (parameter_nx, …)
-            parameters={
-                **{f"n{n}": int(k) for n, k in zip(names, shape)},
-                **{f"L{n}": float(e) for n, e in zip(names, extent)},
-                "precision": s["precision"],
-                **({} if shift is None else {"shift": float(shift)}),
-            },
-            configuration=config,
-        ),
-        # a z read from a file whose coordinate increases downward (a depth) keeps saying so
-        _z_positive="down"
-        if ndim == 3 and rhs is not None and rhs["positive"][0] == "down"
-        else "up",
-    )
     removed = solver.singular and s["compatibility"] == "project"
     summary = dict(
         iterations=iterations,
@@ -1149,7 +1122,41 @@ def _run(args, held: contextlib.ExitStack) -> int:
         rhs_mean_removed=f_mean if removed else 0.0,
         **errors,
     )
+    # Made and filled under a hidden name beside the output, then moved into place whole: an
+    # interrupt or a failed write leaves an existing --output as it was (until 2026-12-07 it
+    # was replaced as the new file was created, then removed with it) and no file begun.
+    dest = os.path.realpath(output)  # a symbolic link is kept, the file it names replaced
+    tmp = hidden_beside(dest, f".{os.getpid()}.{secrets.token_hex(4)}.solve")
     try:
+        writer = NetCDFWriter(
+            tmp,
+            grid,
+            variables,
+            attrs=dict(
+                # the case names its right-hand side; with other conditions it is not the case's
+                # problem any more, and the name says so
+                case=(
+                    "user"
+                    if rhs is not None
+                    else s["case"]
+                    if all(b == case_bc for b in bc)
+                    else f"{s['case']} right-hand side, bc {','.join(bc)}"
+                ),
+                title="physjax poisson",
+                # the problem's sizes as a shallow-water file gives them (parameter_nx, …)
+                parameters={
+                    **{f"n{n}": int(k) for n, k in zip(names, shape)},
+                    **{f"L{n}": float(e) for n, e in zip(names, extent)},
+                    "precision": s["precision"],
+                    **({} if shift is None else {"shift": float(shift)}),
+                },
+                configuration=config,
+            ),
+            # a z read from a file whose coordinate increases downward (a depth) keeps saying so
+            _z_positive="down"
+            if ndim == 3 and rhs is not None and rhs["positive"][0] == "down"
+            else "up",
+        )
         writer.write_static({k: np.asarray(v) for k, v in fields.items()})
         if converged:
             writer.finish(**summary)
@@ -1159,9 +1166,12 @@ def _run(args, held: contextlib.ExitStack) -> int:
                 f"residual {rel_residual:.2e} > rtol {solver.rtol:.0e})",
                 **summary,
             )
-    except BaseException:  # an interrupt or a failed write: no file marked running is left
+        os.replace(tmp, dest)
+    except BaseException as e:  # an interrupt or a failed write
         with contextlib.suppress(OSError):
-            os.remove(os.path.realpath(output))
+            os.remove(tmp)
+        if isinstance(e, (ValueError, OSError)):  # named as the user gave it
+            e.args = tuple(a.replace(tmp, output) if isinstance(a, str) else a for a in e.args)
         raise
     if s.get("plot"):  # u, residual, and the error or f (as `physjax plot`)
         _plot_written(output, s["plot"], "complete" if converged else "marked failed")

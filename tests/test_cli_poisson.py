@@ -1163,6 +1163,46 @@ def test_sigterm_ends_the_solve_like_ctrl_c_with_no_file_left(
     assert sys.unraisablehook == ignored.append
 
 
+@pytest.mark.parametrize("stop", ["interrupt", "failed write"])
+def test_an_existing_output_survives_a_solve_stopped_while_writing(
+    tmp_path, capsys, monkeypatch, stop
+):
+    """A solve replacing a finished one (or any file, with --overwrite) used to replace it
+    as the new file was created and then remove the half-written new one when Ctrl-C, a
+    SIGTERM or a failed write struck while its fields were written: the earlier results
+    were lost (exit 130, no file). The new file is now made under a hidden name and moved
+    into place whole; the old one stays as it was, and nothing else is left."""
+    from physjax.io import NetCDFWriter, OutputSpaceError
+
+    code, out = _poisson(tmp_path, "--n", "16")
+    assert code == 0
+    before = out.read_bytes()
+    original = NetCDFWriter.write_static
+
+    def write_static(self, fields):
+        original(self, fields)  # the new fields are in the file, not yet marked complete
+        if stop == "interrupt":
+            raise KeyboardInterrupt
+        raise OutputSpaceError(f"only 1 KiB free on the disk of {self.path!r}")
+
+    monkeypatch.setattr(NetCDFWriter, "write_static", write_static)
+    capsys.readouterr()
+    for extra in ([], ["--overwrite"]):
+        code = _poisson(tmp_path, "--n", "32", "--case", "dirichlet", *extra)[0]
+        err = capsys.readouterr().err
+        if stop == "interrupt":
+            assert code == 130 and err.strip().splitlines()[-1] == "physjax poisson: interrupted"
+        else:  # the error names the --output, not the hidden file
+            assert code == 1 and f"free on the disk of {str(out)!r}" in err, err
+        assert out.read_bytes() == before
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["p.h5"]
+    monkeypatch.setattr(NetCDFWriter, "write_static", original)
+    assert _poisson(tmp_path, "--n", "32", "--case", "dirichlet")[0] == 0  # replaced whole
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["case"] == "dirichlet" and ds.sizes["x"] == 32
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.h5"]
+
+
 def test_sigterm_while_compiling_exits_130(tmp_path):
     """The console command, stopped while XLA compiles: status 130 with one line (a SIGTERM
     used to kill it outright, leaving the hidden lock file; a Ctrl-C there ended in a
