@@ -1163,7 +1163,7 @@ def _run(args, held: contextlib.ExitStack) -> int:
         else:
             writer.finish(
                 status=f"failed: not converged after {_iterations(iterations)} (relative "
-                f"residual {rel_residual:.2e} > rtol {solver.rtol:.0e})",
+                f"residual {rel_residual:.2e} > rtol {solver.rtol:.3g})",
                 **summary,
             )
         os.replace(tmp, dest)
@@ -1188,7 +1188,7 @@ def _run(args, held: contextlib.ExitStack) -> int:
     if not converged:
         _note(
             f"physjax poisson: {method} did not converge in {_iterations(iterations)} (relative "
-            f"residual {rel_residual:.2e} > rtol {solver.rtol:.0e}); wrote {where}, marked failed"
+            f"residual {rel_residual:.2e} > rtol {solver.rtol:.3g}); wrote {where}, marked failed"
         )
         return 1
     _report(f"{what}; wrote {where}", sys.stdout)  # dropped where stdout is full

@@ -382,6 +382,19 @@ def test_not_converged_is_reported_and_the_file_kept(tmp_path, capsys, k, iterat
         assert ds.attrs["converged"] == 0 and ds.attrs["residual_norm"] > 1e-10
 
 
+def test_not_converged_names_the_rtol_given(tmp_path, capsys):
+    """The rtol in the message and the file's status was rounded to one digit: with --rtol
+    0.0174 a CG step that left 1.76e-2 read "relative residual 1.76e-02 > rtol 2e-02", and
+    0.015 was shown as 1e-02."""
+    run = ["--case", "dirichlet", "--n", "64", "--method", "cg", "--max-iterations", "1"]
+    code, out = _poisson(tmp_path, *run, "--rtol", "0.0174")
+    assert code == 1
+    err = capsys.readouterr().err
+    assert re.search(r"relative residual 1\.76e-02 > rtol 0\.0174\)", err), err
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["status"].endswith("> rtol 0.0174)"), ds.attrs["status"]
+
+
 def test_plot_and_script_wrapper(tmp_path):
     script = os.path.join(os.path.dirname(__file__), "..", "scripts", "solve_poisson.py")
     out, png = tmp_path / "s.h5", tmp_path / "s.png"
