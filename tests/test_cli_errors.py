@@ -1028,6 +1028,22 @@ def test_an_output_ending_with_a_slash_is_named_a_missing_folder(tmp_path, capsy
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("command", [["shallow-water", "--n", "16"], ["poisson", "--n", "16"]])
+def test_an_output_ending_with_a_slash_after_a_file_name_says_it_is_a_file(
+    tmp_path, capsys, command
+):
+    """--output run.h5/ where run.h5 is a file said "folder 'run.h5' does not exist", of a
+    file that is there; it now says that it is a file, and leaves it as it was."""
+    run = tmp_path / "run.h5"
+    run.write_bytes(b"data")
+    out = str(run) + "/"
+    code, err = _error(capsys, [*command, "--quiet", "--output", out])
+    assert code == 2 and err.count("\n") == 1, err
+    assert "does not exist" not in err, err
+    assert f"--output {out!r} ends with '/', so names a folder, but {str(run)!r} is a file" in err
+    assert os.listdir(tmp_path) == ["run.h5"] and run.read_bytes() == b"data"
+
+
 def test_plot_that_fails_partway_keeps_the_earlier_picture(tmp_path):
     """A picture whose write failed partway (a full disk, a file-size limit, Ctrl-C) left the
     PNG an earlier `physjax plot` had drawn truncated; it is now drawn under a hidden name

@@ -291,9 +291,15 @@ def check_writable(path: str | os.PathLike, what: str = "output path") -> None:
     if os.path.isdir(path):
         raise ValueError(f"{what} {path!r} is a directory; give a file name like {example}")
     if path.endswith(("/", os.sep)):  # abspath drops the slash: checked before the folder
+        named = path.rstrip("/" + os.sep)
+        if os.path.exists(named):  # a file of that name: "does not exist" was said of it too
+            raise ValueError(
+                f"{what} {path!r} ends with {path[-1]!r}, so names a folder, but {named!r} is a "
+                f"file; give the file's name without the {path[-1]!r}, or another name"
+            )
         raise ValueError(
             f"{what} {path!r} ends with {path[-1]!r}, so names a folder, and folder "
-            f"{path.rstrip('/' + os.sep)!r} does not exist; give a file name like {example}, "
+            f"{named!r} does not exist; give a file name like {example}, "
             f"or create the folder and give {os.path.join(path, example)!r}"
         )
     if not os.path.isdir(folder):
