@@ -223,7 +223,9 @@ class MLP(AbstractNeuralField):
     """Multilayer perceptron ``x -> W_L s(... s(W_1 x + b_1) ...) + b_L``.
 
     ``depth`` hidden layers of ``width`` units with an elementwise, twice-differentiable
-    activation ``s`` (Glorot-uniform-like Equinox initialisation).
+    activation ``s``. Weights and biases start uniform on ``[-1/sqrt(fan_in), 1/sqrt(fan_in)]``
+    (``equinox.nn.Linear``'s initialisation: standard deviation ``1/sqrt(3 fan_in)``, not
+    Glorot's ``sqrt(2/(fan_in + fan_out))``); re-initialise with ``eqx.tree_at`` for another.
 
     Args:
         in_size: input dimension ``d``.
@@ -279,8 +281,9 @@ class FourierMLP(AbstractNeuralField):
 
     ``B`` has shape ``(num_features, d)`` with entries ``N(0, scale^2)`` and is not trained
     (it enters through ``jax.lax.stop_gradient``). The embedding is written as a linear layer
-    ``[B; B] x + [pi/2; 0]`` followed by ``sin``, so the forward Laplacian and the
-    per-layer custom VJP treat it like any other layer.
+    ``[B; B] x + [pi/2; 0]`` followed by ``sin``, so the forward Laplacian (per point, with
+    a ``jax.checkpoint`` per layer block, and ``batched=True``, with the batch custom VJP)
+    treats it like any other layer.
 
     Args:
         in_size, out_size, width, depth, activation, key, dtype: as for :class:`MLP`
