@@ -262,9 +262,10 @@ def _second(fn, x, indices, form: Form, recompute: bool, batched: bool) -> Array
                 raise
             raise TypeError(
                 "a second-order operator with batched=True and recompute=True is a "
-                "jax.custom_vjp and cannot be differentiated in forward mode (jax.jvp, "
-                "jax.jacfwd, jax.hessian); pass recompute=False, or use the per-point "
-                "operator under jax.vmap."
+                "jax.custom_vjp and cannot be differentiated in forward mode first (jax.jvp "
+                "or jax.jacfwd of it); pass recompute=False, or use the per-point operator "
+                "under jax.vmap. Forward mode over reverse mode (jax.hessian, jax.jvp of "
+                "jax.grad) works with recompute=True."
             ) from err
     return second_rows(_jet(fn, x, indices, form, recompute).second, form)
 
@@ -315,7 +316,8 @@ def laplacian(
         recompute: bounded-memory backward pass (default). Set ``False`` for plain autodiff
             through the forward-mode computation, e.g. to apply ``jax.jvp`` to a
             ``batched=True`` result (a ``jax.custom_vjp`` cannot be differentiated in forward
-            mode; the per-point operators can be with either setting).
+            mode first; forward over reverse, e.g. ``jax.hessian``, works with either
+            setting, and so do the per-point operators in forward mode).
         batched: return a function of a batch of points ``(N, d)`` instead of one point;
             equal to ``jax.vmap`` of the per-point function, but much faster and smaller
             under ``grad`` (``jax.vmap`` cannot route a per-point custom VJP to a batch one;
