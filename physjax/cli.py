@@ -1354,6 +1354,10 @@ def _run_shallow_water(
             # tqdm's monitor thread also redraws a bar idle for maxinterval (10 s default)
             mininterval=0.1 if _is_terminal(sys.stderr) else LOG_PROGRESS_SECONDS,
             maxinterval=10.0 if _is_terminal(sys.stderr) else LOG_PROGRESS_SECONDS,
+            # the clock is read at every frame: tqdm's default learns from the first redraw how
+            # many steps make an interval, and a run slowing down after it (a busy node) was
+            # not redrawn again until that many steps had passed
+            miniters=1,
         )
         try:
             stop.defer(False)  # drive's first check stops a run asked to stop meanwhile

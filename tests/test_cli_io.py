@@ -2823,3 +2823,35 @@ def test_a_file_system_without_file_locks_is_named_with_its_remedy(tmp_path, mon
         err = capsys.readouterr().err
         assert "HDF5_USE_FILE_LOCKING=FALSE" in err and "damaged" not in err, err
         assert "--overwrite" not in err, err
+
+
+def test_progress_in_a_log_keeps_its_half_minute_when_the_run_slows(tmp_path, capsys, monkeypatch):
+    """tqdm learnt at the first redraw how many steps make LOG_PROGRESS_SECONDS and then
+    looked at the clock only after that many steps: a run slowing down after its first half
+    minute (a node that got busy: 198 -> 134 steps/s) drew its next line 40 s later, then a
+    second one at once. Here, on a simulated clock, frames take 6 s and then 20 s: the lines
+    must stay at most LOG_PROGRESS_SECONDS plus one frame apart (they were 100 s apart)."""
+    import re
+
+    import tqdm.std
+
+    from physjax.cli import LOG_PROGRESS_SECONDS
+
+    clock = [1000.0]
+    monkeypatch.setattr(tqdm.std, "time", lambda: clock[0])
+    original = NetCDFWriter.append
+    frames = []
+
+    def timed_append(self, *args):
+        frames.append(1)
+        clock[0] += 6.0 if len(frames) <= 7 else 20.0
+        return original(self, *args)
+
+    monkeypatch.setattr(NetCDFWriter, "append", timed_append)
+    args = ["--case", "gravity-wave", "--n", "16", "--t-end", "7200", "--save-every", "2"]
+    assert main(["shallow-water", *args, "--dt", "120", "--output", str(tmp_path / "s.h5")]) == 0
+    err = capsys.readouterr().err
+    elapsed = [int(m) * 60 + int(s) for m, s in re.findall(r"\[(\d+):(\d+)<", err)]
+    assert len(frames) == 31 and elapsed[-1] >= 500, (len(frames), elapsed)
+    gaps = [b - a for a, b in zip(elapsed, elapsed[1:])]
+    assert max(gaps) <= LOG_PROGRESS_SECONDS + 20, elapsed
