@@ -550,6 +550,18 @@ def _gpu_check_stub(tmp_path):
     return stub
 
 
+def _run_gpu_check(env, timeout):
+    """benchmarks/gpu_check.sh run from the checkout with ``env``."""
+    return subprocess.run(
+        ["bash", "benchmarks/gpu_check.sh"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def test_gpu_check_leaves_the_device_tool_at_most_eight_files(tmp_path):
     """The device tool brings back at most 8 files from $OUT; with CARRY=1 and EXTRAS=1 the
     GPU check wrote 16 there (six compiled programs of the padded-carry experiment among
@@ -559,14 +571,8 @@ def test_gpu_check_leaves_the_device_tool_at_most_eight_files(tmp_path):
 
     stub = _gpu_check_stub(tmp_path)
     out = tmp_path / "out"
-    done = subprocess.run(
-        ["bash", "benchmarks/gpu_check.sh"],
-        cwd=ROOT,
-        env=dict(os.environ, OUT=str(out), PYTHON=str(stub), SIZES="16 32", EXTRAS="1"),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    env = dict(os.environ, OUT=str(out), PYTHON=str(stub), SIZES="16 32", EXTRAS="1")
+    done = _run_gpu_check(env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= 8, files
@@ -586,14 +592,8 @@ def test_gpu_check_keeps_within_its_budget_when_a_step_hangs(tmp_path):
     out = tmp_path / "out"
     env = dict(os.environ, OUT=str(out), PYTHON=str(stub), SIZES="16 32", EXTRAS="1")
     env.update(BUDGET="40", STUB_HANGS="sw_padded_carry.py")
-    done = subprocess.run(
-        ["bash", "benchmarks/gpu_check.sh"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=200,  # the hanging step alone had 300 s before: this run would not end
-    )
+    # the hanging step alone had 300 s before: this run would not end
+    done = _run_gpu_check(env, timeout=200)
     assert done.returncode == 0, done.stderr[-3000:]
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= 8 and "gpu_check_files.tar.gz" in files, files
@@ -614,14 +614,7 @@ def test_gpu_check_stops_at_once_where_jax_finds_no_gpu(tmp_path):
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if k not in ("SIZES", "CARRY", "EXTRAS")}
     env.update(OUT=str(out), PYTHON=str(stub), JAX_PLATFORMS="cpu")
-    done = subprocess.run(
-        ["bash", "benchmarks/gpu_check.sh"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = _run_gpu_check(env, timeout=300)
     assert done.returncode == 1, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
     assert "no GPU" in done.stdout and "SIZES=" in done.stdout, done.stdout
     assert sorted(p.name for p in out.iterdir()) == ["gpu_env.log"]
