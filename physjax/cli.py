@@ -212,7 +212,16 @@ def resolve_settings(
         value = getattr(args, key, None)
         if value is not None:
             settings[key] = value
+    given_params: dict = {}
     for key, value in getattr(args, "param", None) or []:
+        # a second --param of the name (mean-depth or mean_depth) with another value would
+        # silently replace the first: one of the two is a mistake, and the run says which
+        if key in given_params and not _same_value(given_params[key], value):
+            raise ValueError(
+                f"parameter {key} (--param) given twice, as {given_params[key]!r} and "
+                f"{value!r}: give it once"
+            )
+        given_params[key] = value
         settings["parameters"][key] = value
     # --n sets nx and ny unless those are given themselves (command line before config);
     # "_given_as" keeps the option the user gave for them, for messages about them.
@@ -224,6 +233,22 @@ def resolve_settings(
                 settings[key] = n
                 settings.setdefault("_given_as", {})[key] = f"--n {n!r}"
     return settings
+
+
+def _same_value(a, b) -> bool:
+    """Two --param values that are the same setting: equal and of the same kind (50 and 50.0
+    alike, a number and a bool not)."""
+    return (
+        type(a) is type(b)
+        and a == b
+        or (
+            isinstance(a, (int, float))
+            and isinstance(b, (int, float))
+            and not isinstance(a, bool)
+            and not isinstance(b, bool)
+            and a == b
+        )
+    )
 
 
 def _config_hint(args: argparse.Namespace, message: str) -> str:

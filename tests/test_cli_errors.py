@@ -1309,3 +1309,18 @@ def test_n_help_says_that_nx_and_ny_win_over_it(tmp_path):
     assert main([*argv, "--n", "16", "--nx", "8", "--output", str(out)]) == 0
     with h5py.File(out) as f:
         assert f["h"].shape[1:] == (16, 8)
+
+
+def test_a_param_given_twice_with_two_values_is_refused(tmp_path, capsys):
+    # the second --param silently replaced the first (the run took mean_depth = 60): one of
+    # the two is a mistake, and which the run used was nowhere said
+    out = tmp_path / "o.h5"
+    argv = ["shallow-water", *FAST, "--output", str(out), "--no-plot"]
+    code, err = _error(capsys, [*argv, "--param", "mean_depth=50", "--param", "mean-depth=60"])
+    assert code == 2
+    assert "parameter mean_depth (--param) given twice, as 50 and 60: give it once" in err
+    assert list(tmp_path.iterdir()) == []
+    # the same value twice (50 and 50.0 alike) is one setting
+    assert main([*argv, "--param", "mean_depth=50", "--param", "mean_depth=50.0"]) == 0
+    with h5py.File(out) as f:
+        assert json.loads(f.attrs["parameters"])["mean_depth"] == 50.0
