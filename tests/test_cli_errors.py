@@ -1324,3 +1324,22 @@ def test_a_param_given_twice_with_two_values_is_refused(tmp_path, capsys):
     assert main([*argv, "--param", "mean_depth=50", "--param", "mean_depth=50.0"]) == 0
     with h5py.File(out) as f:
         assert json.loads(f.attrs["parameters"])["mean_depth"] == 50.0
+
+
+def test_a_step_covering_the_whole_domain_is_refused(tmp_path, capsys):
+    # radius 5000 km in the 2000 km domain: every cell was inside the step, the initial state
+    # a uniform 110 m with nothing to adjust, and the run went ahead
+    from physjax.solvers.shallow_water import make_case
+
+    out = tmp_path / "o.h5"
+    argv = ["shallow-water", "--case", "geostrophic-adjustment", "--n", "16", "--t-end", "600"]
+    code, err = _error(capsys, [*argv, "--quiet", "--output", str(out), "--param", "radius=5e6"])
+    assert code == 2
+    assert "parameter radius = 5e+06 m: the step covers the whole 2e+06 x 2e+06 m domain" in err
+    assert "radius must be < 1.41421e+06 m" in err
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="parameter radius"):
+        make_case("geostrophic-adjustment", nx=8, ny=8, Lx=1e6, Ly=1e6, radius=7.1e5)
+    # a step reaching into the corners still leaves cells outside it: an anomaly to adjust
+    h = np.asarray(make_case("geostrophic-adjustment", nx=16, ny=16, radius=1.3e6).state.h)
+    assert np.ptp(h) > 1.0

@@ -91,6 +91,16 @@ def _damping(p: dict) -> dict:
 # ----------------------------------------------------------------- geostrophic adjustment
 def _geostrophic_adjustment(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowWaterState]:
     _positive(p, "mean_depth", "radius", "width", "gravity")
+    # a step whose edge lies beyond the domain's corners covers every cell: the state is
+    # uniform (mean_depth + step_height), with nothing to adjust
+    reach = 0.5 * math.hypot(p["Lx"], p["Ly"])
+    if p["radius"] >= reach:
+        raise ValueError(
+            f"parameter radius = {p['radius']:g} m: the step covers the whole "
+            f"{p['Lx']:g} x {p['Ly']:g} m domain (its edge lies beyond the corners, "
+            f"{reach:g} m from the centre), leaving a uniform state with nothing to adjust; "
+            f"radius must be < {reach:g} m (or Lx, Ly larger)"
+        )
     model = ShallowWater(grid, gravity=p["gravity"], coriolis=p["coriolis"], **_damping(p))
     y, x = grid.mesh_coordinates(CENTRE)
     xc, yc = grid.origin[1] + grid.extent[1] / 2, grid.origin[0] + grid.extent[0] / 2
