@@ -819,15 +819,31 @@ MAX_STEPS = 2**31 - 1
 
 
 def _check_step_count(
-    steps: float, given: str, t_end: float, hint: str = "raise it or shorten --t-end"
+    steps: float,
+    given: str,
+    t_end: float,
+    hint: str = "raise it or shorten --t-end",
+    end: str | None = None,
 ) -> None:
     """Refuse more steps than a run can count; `steps` may be a ratio that overflowed to
-    inf (a --t-end of 1e308, a --dt of 5e-324), which ``math.ceil`` would not take."""
+    inf (a --t-end of 1e308, a --dt of 5e-324), which ``math.ceil`` would not take. `end`
+    says where an end time not given as --t-end came from."""
     if not steps <= MAX_STEPS:
+        end = f"--t-end {t_end:g} s" if end is None else end
         raise ValueError(
-            f"{given} takes {steps:.3g} steps to --t-end {t_end:g} s, more than the "
+            f"{given} takes {steps:.3g} steps to {end}, more than the "
             f"{MAX_STEPS} a run can count; {hint}"
         )
+
+
+def _default_end(case) -> str:
+    """The end time of a run given no --t-end, as the step-count error names it: the case's
+    default, and for zonal-jet the coriolis it comes from."""
+    text = f"the case's default end time {case.t_end:g} s ("
+    if case.name == "zonal-jet":
+        f = case.parameters["coriolis"]
+        text += f"10 inertial periods, 20*pi/|coriolis| with coriolis = {f:g}; "
+    return text + "no --t-end given)"
 
 
 def _steps(t_end: float, dt: float) -> tuple[int, float]:
@@ -1155,12 +1171,13 @@ def _run_shallow_water(
         if settings.get("t_end") is None
         else _positive_number("--t-end", settings["t_end"])
     )
+    end = _default_end(case) if settings.get("t_end") is None else None
     cfl_check = settings.get("cfl_check")
     cfl_check = True if cfl_check is None else bool(cfl_check)
     dt_requested = cfl = None
     if settings.get("dt") is not None:
         dt_requested = _positive_number("--dt", settings["dt"])
-        _check_step_count(t_end / dt_requested, f"--dt {dt_requested:g} s", t_end)
+        _check_step_count(t_end / dt_requested, f"--dt {dt_requested:g} s", t_end, end=end)
         n_steps, dt = _steps(t_end, dt_requested)
         if cfl_check:  # the step taken: a --dt beyond --t-end is lowered to it
             try:
@@ -1186,7 +1203,7 @@ def _run_shallow_water(
                 if at_one <= MAX_STEPS
                 else f"shorten --t-end or use fewer cells (--cfl 1 takes {at_one:.3g} steps)"
             )
-            _check_step_count(ratio, f"--cfl {cfl:g}", t_end, hint)
+            _check_step_count(ratio, f"--cfl {cfl:g}", t_end, hint, end=end)
         n_steps = max(1, math.ceil(ratio))
         dt = t_end / n_steps
         if not cfl_check and not resume:  # dt is chosen within the limit: nothing to skip

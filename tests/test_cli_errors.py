@@ -1343,3 +1343,21 @@ def test_a_step_covering_the_whole_domain_is_refused(tmp_path, capsys):
     # a step reaching into the corners still leaves cells outside it: an anomaly to adjust
     h = np.asarray(make_case("geostrophic-adjustment", nx=16, ny=16, radius=1.3e6).state.h)
     assert np.ptp(h) > 1.0
+
+
+def test_too_many_steps_to_the_cases_default_end_names_where_it_came_from(tmp_path, capsys):
+    # zonal-jet runs 10 inertial periods, 20*pi/|coriolis|: coriolis = 1e-12 makes that
+    # 6.3e13 s, and the refusal spoke of a "--t-end 6.28319e+13 s" the user never gave
+    out = tmp_path / "o.h5"
+    argv = ["shallow-water", "--case", "zonal-jet", "--n", "16", "--quiet", "--output", str(out)]
+    code, err = _error(capsys, [*argv, "--param", "coriolis=1e-12"])
+    assert code == 2
+    assert "--t-end 6.28319e+13" not in err
+    assert (
+        "steps to the case's default end time 6.28319e+13 s (10 inertial periods, "
+        "20*pi/|coriolis| with coriolis = 1e-12; no --t-end given)" in err
+    )
+    assert list(tmp_path.iterdir()) == []
+    # a --t-end given is named as before
+    code, err = _error(capsys, [*argv, "--t-end", "1e300"])
+    assert code == 2 and "steps to --t-end 1e+300 s" in err
