@@ -814,7 +814,13 @@ def run(args) -> int:
 
 
 def _run(args, held: contextlib.ExitStack) -> int:
-    from .cli import _check_devices_divide, _check_plot_path, _plot_written, setup_jax
+    from .cli import (
+        _check_devices_divide,
+        _check_plot_path,
+        _plot_written,
+        _stop_if_signalled,
+        setup_jax,
+    )
 
     s = resolve(args)
     given_as = s.pop("_given_as", None) or {}  # nx, ny set by --n (or a config's n)
@@ -1166,6 +1172,7 @@ def _run(args, held: contextlib.ExitStack) -> int:
                 f"residual {rel_residual:.2e} > rtol {solver.rtol:.3g})",
                 **summary,
             )
+        _stop_if_signalled()  # a stop whose raise was lost in a callback: the old file kept
         os.replace(tmp, dest)
     except BaseException as e:  # an interrupt or a failed write
         with contextlib.suppress(OSError):

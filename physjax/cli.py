@@ -1676,19 +1676,24 @@ class _Interrupts:
     of dying at once. A signal that lands while Python runs a weakref or garbage-collector
     callback (jax has many while it compiles) cannot be raised there: Python would print
     "Exception ignored" and go on as if no stop had been asked for. It is raised again at
-    the next opportunity (a command that ends first ends as it did). A run's own
+    the next opportunity, and [`_stop_if_signalled`][] raises it before a command replaces
+    its output (a command that has committed its output first ends as it did). A run's own
     [`_StopRequest`][] takes over while the run steps."""
+
+    _active: list[_Interrupts] = []  # the command's, while it runs in the main thread
 
     def __init__(self):
         self._installed = False
         self._signum = signal.SIGINT
         self._timer = None
+        self.signalled = False
 
     def _interrupt(self, signum, frame):
         if signum in _TERMINATING and self._signum != signum:
             name = signal.Signals(signum).name
             _note(f"\nterminated ({name}): stopping now")
         self._signum = signum
+        self.signalled = True  # read before an output is committed: the raise can be lost
         raise KeyboardInterrupt
 
     def _unraisable(self, args):
@@ -1718,17 +1723,29 @@ class _Interrupts:
             self._previous_hook = sys.unraisablehook
             sys.unraisablehook = self._unraisable
             self._installed = True
+            _Interrupts._active.append(self)
         return self
 
     def __exit__(self, *exc):
         if self._timer is not None:  # a command that ended first ends as it did
             self._timer.cancel()
         if self._installed:
+            _Interrupts._active.remove(self)
             for signum, previous in self._previous.items():
                 default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
                 signal.signal(signum, default if previous is None else previous)
             sys.unraisablehook = self._previous_hook
         return False
+
+
+def _stop_if_signalled() -> None:
+    """Raise ``KeyboardInterrupt`` if the command was signalled (Ctrl-C, SIGTERM, SIGHUP)
+    and is still going: the raise was lost. One that lands in a weakref or garbage-collector
+    callback is raised again 10 ms later, and a small solve finished its file and replaced
+    the output within those 10 ms, exiting 0 as if no signal had come. Called just before an
+    output is committed (one check, nothing per step)."""
+    if _Interrupts._active and _Interrupts._active[-1].signalled:
+        raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1763,3 +1763,47 @@ def test_plot_help_texts_say_what_is_drawn_and_where(tmp_path, monkeypatch):
     assert main(["plot", "run.h5"]) == 0 and (tmp_path / "run.png").stat().st_size > 10_000
     titles = [ax.get_title().split(":")[0] for ax in figures[-1].axes if ax.get_title()]
     assert titles == ["u", "residual", "f"]
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_that_lands_in_a_callback_just_before_the_output_is_replaced_is_kept(
+    tmp_path, capsys, monkeypatch, sigterm_unhandled, signum
+):
+    """A Ctrl-C or SIGTERM that lands in a weakref callback (where Python cannot raise it)
+    is raised again from a timer 10 ms later; a solve whose file was finished within those
+    10 ms (a small one) replaced the existing output and exited 0 as if no signal had come,
+    the timer cancelled as the command ended. The stop is now honoured before the output
+    is replaced: exit 130, the old file kept, nothing else left."""
+    import weakref
+
+    from physjax import cli
+    from physjax.io import NetCDFWriter
+
+    code, out = _poisson(tmp_path, "--n", "16")
+    assert code == 0
+    before = out.read_bytes()
+    original = NetCDFWriter.finish
+
+    class Target:
+        pass
+
+    def finish(self, **kwargs):
+        original(self, **kwargs)  # the new file is complete, not yet moved into place
+        target = Target()
+        ref = weakref.ref(target, lambda _: signal.raise_signal(signum))
+        del target  # the callback runs here; what it raises is unraisable
+        assert ref() is None
+
+    # the timer's signal not yet delivered when the output is replaced (it comes 10 ms
+    # later, and the command has ended by then)
+    monkeypatch.setattr(cli._Interrupts, "_signal_again", lambda self: None)
+    ignored = []  # what Python would print as "Exception ignored in …"
+    monkeypatch.setattr(sys, "unraisablehook", ignored.append)
+    monkeypatch.setattr(NetCDFWriter, "finish", finish)
+    code, out = _poisson(tmp_path, "--n", "16")
+    err = capsys.readouterr().err
+    assert code == 130 and not ignored, err
+    assert err.strip().splitlines()[-1] == "physjax poisson: interrupted"
+    assert out.read_bytes() == before
+    assert list(tmp_path.iterdir()) == [out]
+    assert sys.unraisablehook == ignored.append
