@@ -436,6 +436,7 @@ def _save_replacing(fig, output: str) -> None:
     and the temporary file is removed. A symbolic link is written through, and kept."""
     import secrets
 
+    from .cli import _stop_if_signalled
     from .io._reading import hidden_beside
 
     dest = os.path.realpath(output)
@@ -445,6 +446,7 @@ def _save_replacing(fig, output: str) -> None:
     ext = os.path.splitext(output)[1][1:].lower() or "png"
     try:
         fig.savefig(tmp, dpi=110, bbox_inches="tight", format=ext)
+        _stop_if_signalled()  # a stop whose raise was lost in a callback: the old one kept
         os.replace(tmp, dest)
     except BaseException:
         if os.path.exists(tmp):

@@ -1361,3 +1361,48 @@ def test_too_many_steps_to_the_cases_default_end_names_where_it_came_from(tmp_pa
     # a --t-end given is named as before
     code, err = _error(capsys, [*argv, "--t-end", "1e300"])
     assert code == 2 and "steps to --t-end 1e+300 s" in err
+
+
+def test_a_stop_lost_in_a_callback_while_a_picture_is_saved_keeps_the_earlier_picture(
+    tmp_path, capsys, monkeypatch
+):
+    """A Ctrl-C that lands in a weakref callback while `physjax plot` saves its picture
+    (matplotlib has such callbacks) is raised again 10 ms later; a picture saved and moved
+    into place within those 10 ms replaced the earlier one and the command exited 0, as if
+    no signal had come. The stop is now honoured before the picture is moved into place:
+    exit 130, the earlier picture kept, no temporary file left."""
+    import signal
+    import weakref
+
+    from matplotlib.figure import Figure
+
+    from physjax import cli
+
+    run, png = tmp_path / "p.h5", tmp_path / "p.png"
+    assert main(["poisson", "--n", "16", "--quiet", "--output", str(run)]) == 0
+    assert main(["plot", str(run), "--output", str(png)]) == 0
+    capsys.readouterr()
+    before = png.read_bytes()
+    original = Figure.savefig
+
+    class Target:
+        pass
+
+    def savefig(self, *args, **kwargs):
+        original(self, *args, **kwargs)  # the new picture whole, not yet moved into place
+        target = Target()
+        ref = weakref.ref(target, lambda _: signal.raise_signal(signal.SIGINT))
+        del target  # the callback runs here; what it raises is unraisable
+        assert ref() is None
+
+    # the timer's signal not yet delivered when the picture is moved into place
+    monkeypatch.setattr(cli._Interrupts, "_signal_again", lambda self: None)
+    ignored = []  # what Python would print as "Exception ignored in …"
+    monkeypatch.setattr(sys, "unraisablehook", ignored.append)
+    monkeypatch.setattr(Figure, "savefig", savefig)
+    code = main(["plot", str(run), "--output", str(png)])
+    err = capsys.readouterr().err
+    assert code == 130 and not ignored, err
+    assert err.strip().splitlines()[-1] == "physjax plot: interrupted"
+    assert png.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["p.h5", "p.png"]
