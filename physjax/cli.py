@@ -1786,11 +1786,11 @@ def _main(argv: list[str] | None) -> int:
         from ._memory import tune_cpu_allocator
         from ._runner import RunInterrupted, SimulationBlewUp
         from .io import OutputRemoved, OutputSpaceError
+
+        tune_cpu_allocator()  # reuse large freed buffers; PHYSJAX_NO_ALLOCATOR_TUNING=1 to skip
     except KeyboardInterrupt:
         _note("physjax: interrupted")
         return 130
-
-    tune_cpu_allocator()  # reuse large freed buffers; PHYSJAX_NO_ALLOCATOR_TUNING=1 to skip
 
     try:
         return args.func(args)

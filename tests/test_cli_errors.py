@@ -1406,3 +1406,24 @@ def test_a_stop_lost_in_a_callback_while_a_picture_is_saved_keeps_the_earlier_pi
     assert err.strip().splitlines()[-1] == "physjax plot: interrupted"
     assert png.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["p.h5", "p.png"]
+
+
+def test_a_ctrl_c_while_the_allocator_is_tuned_ends_with_one_line(tmp_path, capsys, monkeypatch):
+    """Between parsing the command and running it, ``tune_cpu_allocator`` (about 1.4 ms: it
+    looks libc up through ldconfig) was outside both of the command's ``try`` blocks: a
+    Ctrl-C or SIGTERM there left ``main`` as a ``KeyboardInterrupt`` (a traceback) instead of
+    status 130 and one line."""
+    from physjax import _memory
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_memory, "tune_cpu_allocator", interrupted)
+    try:
+        code = main(["poisson", "--n", "16", "--quiet", "--output", str(tmp_path / "p.h5")])
+    except KeyboardInterrupt:
+        code = "KeyboardInterrupt raised out of main"
+    err = capsys.readouterr().err
+    assert code == 130, err
+    assert err.strip().splitlines() == ["physjax: interrupted"]
+    assert os.listdir(tmp_path) == []
