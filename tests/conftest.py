@@ -1,6 +1,7 @@
 """Test configuration: 4 simulated CPU devices and float64 enabled before jax is imported."""
 
 import os
+import signal
 import subprocess
 import sys
 
@@ -108,3 +109,26 @@ def unwritable_stderr(request):
     """A stderr the command cannot write to, to set as ``sys.stderr``: one refusing every
     write (a log on a full disk, ENOSPC) or none at all (``2>&-``)."""
     return _FullLog() if request.param == "full-log" else None
+
+
+class _Target:
+    pass
+
+
+def _signal_in_a_callback(signum: int) -> None:
+    """Raise ``signum`` from a weakref callback, where Python cannot raise what its handler
+    raises (it goes to ``sys.unraisablehook``, as when a signal lands in one of jax's
+    callbacks while it compiles)."""
+    import weakref
+
+    target = _Target()
+    ref = weakref.ref(target, lambda _: signal.raise_signal(signum))
+    del target  # the callback runs here; what it raises is unraisable
+    assert ref() is None
+
+
+@pytest.fixture
+def signal_in_a_callback():
+    """``signal_in_a_callback(signum)``: a signal raised where its handler's exception is
+    unraisable (a weakref callback)."""
+    return _signal_in_a_callback

@@ -1364,7 +1364,7 @@ def test_too_many_steps_to_the_cases_default_end_names_where_it_came_from(tmp_pa
 
 
 def test_a_stop_lost_in_a_callback_while_a_picture_is_saved_keeps_the_earlier_picture(
-    tmp_path, capsys, monkeypatch
+    tmp_path, capsys, monkeypatch, signal_in_a_callback
 ):
     """A Ctrl-C that lands in a weakref callback while `physjax plot` saves its picture
     (matplotlib has such callbacks) is raised again 10 ms later; a picture saved and moved
@@ -1372,7 +1372,6 @@ def test_a_stop_lost_in_a_callback_while_a_picture_is_saved_keeps_the_earlier_pi
     no signal had come. The stop is now honoured before the picture is moved into place:
     exit 130, the earlier picture kept, no temporary file left."""
     import signal
-    import weakref
 
     from matplotlib.figure import Figure
 
@@ -1385,15 +1384,9 @@ def test_a_stop_lost_in_a_callback_while_a_picture_is_saved_keeps_the_earlier_pi
     before = png.read_bytes()
     original = Figure.savefig
 
-    class Target:
-        pass
-
     def savefig(self, *args, **kwargs):
         original(self, *args, **kwargs)  # the new picture whole, not yet moved into place
-        target = Target()
-        ref = weakref.ref(target, lambda _: signal.raise_signal(signal.SIGINT))
-        del target  # the callback runs here; what it raises is unraisable
-        assert ref() is None
+        signal_in_a_callback(signal.SIGINT)
 
     # the timer's signal not yet delivered when the picture is moved into place
     monkeypatch.setattr(cli._Interrupts, "_signal_again", lambda self: None)

@@ -1076,25 +1076,18 @@ def test_sigterm_stops_at_once_and_resume_continues(
 
 
 def test_sigterm_inside_a_weakref_callback_stops_at_the_frame_without_a_traceback(
-    tmp_path, capsys, monkeypatch
+    tmp_path, capsys, monkeypatch, signal_in_a_callback
 ):
     """Python cannot raise out of a weakref or garbage-collector callback (jax has some): a
     SIGTERM that lands in one used to print an "Exception ignored … KeyboardInterrupt"
     traceback. The run now stops at the frame boundary with the usual record only."""
-    import weakref
 
     original = NetCDFWriter.append
-
-    class Target:
-        pass
 
     def append_then_sigterm_in_a_callback(self, time, step, fields):
         n = original(self, time, step, fields)
         if n == 3:
-            target = Target()
-            ref = weakref.ref(target, lambda _: signal.raise_signal(signal.SIGTERM))
-            del target  # the callback runs here; what it raises is unraisable
-            assert ref() is None
+            signal_in_a_callback(signal.SIGTERM)
         return n
 
     monkeypatch.setattr(NetCDFWriter, "append", append_then_sigterm_in_a_callback)

@@ -1135,29 +1135,22 @@ def sigterm_unhandled(monkeypatch):
 
 @pytest.mark.parametrize("where", ["at once", "in a weakref callback"])
 def test_sigterm_ends_the_solve_like_ctrl_c_with_no_file_left(
-    tmp_path, capsys, monkeypatch, sigterm_unhandled, where
+    tmp_path, capsys, monkeypatch, sigterm_unhandled, where, signal_in_a_callback
 ):
     """A batch system's SIGTERM ends `physjax poisson` with status 130 and one line, and
     leaves neither the output (it would say "running") nor the hidden lock file. One that
     lands in a weakref callback, where Python cannot raise it (it would print "Exception
     ignored" and go on to a normal exit), is raised again at the next opportunity."""
-    import weakref
 
     from physjax.io import NetCDFWriter
 
     original = NetCDFWriter.write_static
 
-    class Target:
-        pass
-
     def write_static(self, fields):
         if where == "at once":
             signal.raise_signal(signal.SIGTERM)
         else:
-            target = Target()
-            ref = weakref.ref(target, lambda _: signal.raise_signal(signal.SIGTERM))
-            del target  # the callback runs here
-            assert ref() is None
+            signal_in_a_callback(signal.SIGTERM)
             time.sleep(5)  # where the stop is raised again (a command that ends first ends)
         return original(self, fields)
 
@@ -1767,14 +1760,13 @@ def test_plot_help_texts_say_what_is_drawn_and_where(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_a_stop_that_lands_in_a_callback_just_before_the_output_is_replaced_is_kept(
-    tmp_path, capsys, monkeypatch, sigterm_unhandled, signum
+    tmp_path, capsys, monkeypatch, sigterm_unhandled, signum, signal_in_a_callback
 ):
     """A Ctrl-C or SIGTERM that lands in a weakref callback (where Python cannot raise it)
     is raised again from a timer 10 ms later; a solve whose file was finished within those
     10 ms (a small one) replaced the existing output and exited 0 as if no signal had come,
     the timer cancelled as the command ended. The stop is now honoured before the output
     is replaced: exit 130, the old file kept, nothing else left."""
-    import weakref
 
     from physjax import cli
     from physjax.io import NetCDFWriter
@@ -1784,15 +1776,9 @@ def test_a_stop_that_lands_in_a_callback_just_before_the_output_is_replaced_is_k
     before = out.read_bytes()
     original = NetCDFWriter.finish
 
-    class Target:
-        pass
-
     def finish(self, **kwargs):
         original(self, **kwargs)  # the new file is complete, not yet moved into place
-        target = Target()
-        ref = weakref.ref(target, lambda _: signal.raise_signal(signum))
-        del target  # the callback runs here; what it raises is unraisable
-        assert ref() is None
+        signal_in_a_callback(signum)
 
     # the timer's signal not yet delivered when the output is replaced (it comes 10 ms
     # later, and the command has ended by then)
