@@ -111,6 +111,15 @@ def _child(variant: str, depth: int, dim: int, n: int, width: int, repeats: int,
     return {"time_s": statistics.median(times), "temp_bytes": temp, "peak_rss_bytes": rss}
 
 
+def _folx_missing():
+    """None when folx imports, else why not (the folx variant is then skipped, not failed)."""
+    try:
+        import folx  # noqa: F401
+    except ImportError as err:
+        return f"folx is not installed ({err}; pip install folx to compare)"
+    return None
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     # defaults below: the full run's, or --quick's for what is not given
@@ -155,6 +164,7 @@ def main(argv=None):
         args.output = QUICK_RESULTS if args.quick else RESULTS
 
     rows = []
+    folx_missing = _folx_missing() if "folx" in args.variants else None
     print(
         f"{'variant':12s} {'depth':>5s} {'dim':>3s} {'N':>6s} {'s/step':>8s} "
         f"{'temp MB':>8s} {'RSS MB':>8s}"
@@ -163,6 +173,13 @@ def main(argv=None):
         for dim in args.dims:
             for n in args.n:
                 for v in args.variants:
+                    row = {"variant": v, "depth": depth, "dim": dim, "n": n}
+                    if v == "folx" and folx_missing:
+                        # an optional comparison, not a failure of the run
+                        row["skipped"] = folx_missing
+                        print(f"{v:12s} {depth:5d} {dim:3d} {n:6d}  skipped: {folx_missing}")
+                        rows.append(row)
+                        continue
                     cmd = [
                         sys.executable,
                         __file__,
@@ -180,7 +197,6 @@ def main(argv=None):
                     ]
                     proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
                     line = [s for s in proc.stdout.splitlines() if s.startswith("RESULT ")]
-                    row = {"variant": v, "depth": depth, "dim": dim, "n": n}
                     if proc.returncode != 0 or not line:
                         err = (proc.stderr.strip().splitlines() or ["unknown error"])[-1]
                         row["error"] = err

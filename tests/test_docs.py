@@ -770,3 +770,33 @@ def test_pinn_benchmark_quick_takes_the_settings_given(tmp_path, argv, depths, d
     assert {c[c.index("--repeats") + 1] for c in children} == {repeats}
     rows = json.loads((tmp_path / "quick.json").read_text())["results"]
     assert [str(r["depth"]) for r in rows] == [c[1] for c in children]
+
+
+_PINN_NO_FOLX = _PINN_QUICK.replace(
+    "bench.main([", 'sys.modules["folx"] = None  # not installed\nbench.main(['
+).replace('"--variants", "first_order", ', "")
+
+
+def test_pinn_benchmark_skips_folx_when_it_is_not_installed(tmp_path):
+    """folx is an optional comparison, not a dependency: without it every default run of
+    ``benchmarks/pinn_laplacian.py`` printed ``folx … FAILED: ModuleNotFoundError: No module
+    named 'folx'`` (the child's last stderr line) and stored it as an error. It is now skipped
+    without starting a child, and the row says why."""
+    import json
+
+    done = _run_snippet(
+        _PINN_NO_FOLX,
+        tmp_path,
+        str(ROOT / "benchmarks" / "pinn_laplacian.py"),
+        "--quick",
+        "--variants",
+        "folx",
+        "first_order",
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [c[0] for c in json.loads(done.stdout.splitlines()[-1])] == ["first_order"]
+    assert "FAILED" not in done.stdout
+    assert "skipped: folx is not installed" in done.stdout, done.stdout
+    rows = json.loads((tmp_path / "quick.json").read_text())["results"]
+    assert [r["variant"] for r in rows] == ["folx", "first_order"]
+    assert "folx is not installed" in rows[0]["skipped"] and "error" not in rows[0]
