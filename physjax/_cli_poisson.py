@@ -1104,6 +1104,11 @@ def _run(args, held: contextlib.ExitStack) -> int:
         frame=next((x["frame"] for x in (rhs, coef) if x and x["frame"] is not None), -1),
         rhs_time=None if rhs is None else rhs["time"],  # of that frame, if it has one
         rhs_time_units=None if rhs is None else rhs["time_units"],
+        # the coefficient's own frame (-1: none, or a static one), which need not be the
+        # right-hand side's: each file's last frame by default
+        coefficient_frame=-1 if coef is None or coef["frame"] is None else coef["frame"],
+        coefficient_time=None if coef is None else coef["time"],
+        coefficient_time_units=None if coef is None else coef["time_units"],
         bc=list(bc),
         method=method,
         shape=list(shape),

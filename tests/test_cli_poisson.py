@@ -322,6 +322,22 @@ def test_coefficient_from_file(tmp_path, capsys):
             assert json.loads(ds.attrs["configuration"])["frame"] == 1
             if rhs == given_f:  # ∇·(2a∇u) = f: u/2
                 assert np.abs(np.asarray(ds["u"]) - ref / 2).max() <= 1e-8 * np.abs(ref).max()
+    # both time-dependent, with different numbers of frames: each file's last frame is taken,
+    # and the configuration records the coefficient's (only the right-hand side's was kept)
+    timed_f = tmp_path / "timed_f.nc"
+    _write_rhs(timed_f, np.stack([f, 2 * f]), 1 / nx, 1 / ny, units="1", time=True)
+    _write_rhs(timed, np.stack([a, 2 * a, 3 * a]), 1 / nx, 1 / ny, units="1", time=True)
+    argv = ("--rhs", f"{timed_f}:forcing", "--coefficient", f"{timed}:forcing")
+    code, out = _poisson(tmp_path, *argv, "--bc", "dirichlet", name="both.h5")
+    assert code == 0, capsys.readouterr().err
+    with xr.open_dataset(out) as ds:  # ∇·(3a∇u) = 2f: 2u/3
+        assert np.abs(np.asarray(ds["u"]) - 2 * ref / 3).max() <= 1e-8 * np.abs(ref).max()
+        cfg = json.loads(ds.attrs["configuration"])
+    assert (cfg["frame"], cfg["rhs_time"]) == (1, 10.0)
+    assert (cfg["coefficient_frame"], cfg["coefficient_time"]) == (2, 20.0)
+    with xr.open_dataset(tmp_path / "c.h5") as ds:  # a static f: the coefficient's frame 1
+        cfg = json.loads(ds.attrs["configuration"])
+    assert (cfg["coefficient_frame"], cfg["coefficient_time"], cfg["rhs_time"]) == (1, 10.0, None)
     code, _ = _poisson(tmp_path, "--coefficient", f"{src}:a", "--frame", "0", *given_f)
     err = capsys.readouterr().err
     assert code == 2 and f"--frame given, but neither --rhs {src}:f nor --coefficient" in err
