@@ -240,7 +240,9 @@ class ShallowWater(eqx.Module):
     in the v-equation, with mass fluxes $U = \overline{h}^x u$, $V = \overline{h}^y v$ and
     kinetic energy $K = \tfrac12(\overline{u^2}^x + \overline{v^2}^y)$. Mass is conserved to
     round-off and, without forcing and dissipation, the semi-discrete total energy
-    $\sum h K + \tfrac12 g h^2 + g h b$ exactly.
+    $\sum h K + \tfrac12 g h^2 + g h b$ exactly (the time schemes lose a little of it, less at a
+    smaller dt); potential enstrophy is not conserved (a spatial error that falls with
+    resolution; docs/shallow_water.md).
 
     **Arguments** (physical parameters are keyword-only, SI units, and become differentiable
     array leaves):
