@@ -138,6 +138,17 @@ def _in_dtype(dtype, *times):
     return tuple(None if t is None else jnp.asarray(t, dtype) for t in times)
 
 
+def _tolerances_in_dtype(dtype, *tols):
+    """``tols`` (numbers or arrays) as arrays of ``dtype``; with no ``dtype`` (a state whose
+    floating leaves differ), a concrete tolerance becomes a weakly typed array, as a Python
+    float would act, so that a float64 NumPy tolerance cannot promote a float32 leaf."""
+    if dtype is not None:
+        return tuple(jnp.asarray(t, dtype) for t in tols)
+    return tuple(
+        t if isinstance(t, jax.core.Tracer) else jnp.asarray(float(np.asarray(t))) for t in tols
+    )
+
+
 def saveat_in_dtype(saveat: diffrax.SaveAt, dtype) -> diffrax.SaveAt:
     """``saveat`` with the ``ts`` of each of its ``SubSaveAt``s in ``dtype``: ``ts`` of
     Python floats (float64 with x64 on) would promote a whole float32 solve to float64."""
@@ -523,9 +534,12 @@ def integrate_diffrax(
     where it stopped, ``sol.ts`` that time rather than ``t1``) —
     what a batch under ``vmap`` needs to keep its members that succeeded.
 
-    ``t0``, ``t1``, ``dt0`` and the ``ts`` of ``saveat`` are taken in the dtype of ``y0``'s
-    floating leaves when they share one, so that a float32 state stays float32 (``sol.ts``
-    and ``sol.ys``) with x64 on. When they have values (not traced), ``t0``, ``t1`` and
+    ``t0``, ``t1``, ``dt0``, the ``ts`` of ``saveat`` and ``rtol``/``atol`` are taken in the
+    dtype of ``y0``'s floating leaves when they share one, so that a float32 state stays
+    float32 (``sol.ts`` and ``sol.ys``) with x64 on; they are arrays, so a new time or
+    tolerance does not compile the solve again (Python numbers in ``args`` or in a
+    controller of your own are static to diffrax's compiled solve: pass arrays to sweep them).
+    When they have values (not traced), ``t0``, ``t1`` and
     ``dt0`` must be finite numbers in that dtype and ``dt0`` nonzero with the sign of
     ``t1 - t0``, and the span ``t1 - t0`` in that dtype within 0.1% of the span given (far
     from 0, float32 times are coarse); a ``ValueError`` naming the argument says so before
@@ -553,9 +567,12 @@ def integrate_diffrax(
     if not isinstance(throw, (bool, np.bool_)):
         raise TypeError(f"throw must be True or False, got {throw!r}")
     if stepsize_controller is None:
-        stepsize_controller = diffrax.PIDController(
-            rtol=1e-6 if rtol is None else rtol, atol=1e-8 if atol is None else atol
+        # as arrays, like the times: diffrax's compiled solve takes a Python number in the
+        # controller as static, and every new tolerance compiled the whole solve again
+        rtol, atol = _tolerances_in_dtype(
+            dtype, 1e-6 if rtol is None else rtol, 1e-8 if atol is None else atol
         )
+        stepsize_controller = diffrax.PIDController(rtol=rtol, atol=atol)
     elif rtol is not None or atol is not None:
         given = ", ".join(n for n, v in (("rtol", rtol), ("atol", atol)) if v is not None)
         raise ValueError(
