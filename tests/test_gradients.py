@@ -576,6 +576,24 @@ def test_error_model_configuration():
                 cls(2, 1, 8, 2, key=jax.random.key(0), dtype=dtype)
 
 
+def test_a_float64_model_needs_x64():
+    """Without x64, ``MLP(..., dtype="float64")`` (also ``FourierMLP``, ``ModifiedMLP``) gave a
+    float32 model, with one jax warning per parameter array ("Explicitly requested dtype
+    float64 is not available": 6 for a depth-2 MLP); a float64 ``Grid`` is refused there. The
+    models refuse it too now, naming jax_enable_x64; float32 and the default still build."""
+    for cls in (pg.MLP, pg.FourierMLP, pg.ModifiedMLP):
+        for dtype in ("float64", jnp.float64, np.dtype("float64")):
+            with jax.enable_x64(False):
+                with pytest.raises(ValueError, match="dtype float64 needs jax_enable_x64"):
+                    cls(2, 1, 8, 2, key=jax.random.key(0), dtype=dtype)
+    with jax.enable_x64(False):
+        for dtype in (None, jnp.float32):
+            model = pg.MLP(2, 1, 8, 2, key=jax.random.key(0), dtype=dtype)
+            assert {leaf.dtype for leaf in jax.tree.leaves(model)} == {jnp.dtype("float32")}
+    model = pg.MLP(2, 1, 8, 2, key=jax.random.key(0), dtype="float64")  # x64 on (conftest)
+    assert {leaf.dtype for leaf in jax.tree.leaves(model)} == {jnp.dtype("float64")}
+
+
 def test_spatial_integer_array():
     model = _model("mlp", depth=1)
     x = _points(1)[0]

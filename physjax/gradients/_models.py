@@ -114,6 +114,13 @@ def _check_dtype(dtype):
             f"dtype must be a real floating-point dtype such as jnp.float32 or jnp.float64, "
             f"got {dtype!r}."
         )
+    if resolved.itemsize > 4 and not jax.config.jax_enable_x64:
+        # jax would make every parameter float32, with one warning per array
+        raise ValueError(
+            f"dtype {resolved.name} needs jax_enable_x64, which is off (the parameters would "
+            f"silently be float32): call jax.config.update('jax_enable_x64', True) first, or "
+            f"use dtype=jnp.float32"
+        )
     return resolved
 
 
@@ -235,7 +242,8 @@ class MLP(AbstractNeuralField):
         activation: ``"tanh"`` (default), ``"sin"``, ``"gelu"``, ``"silu"``, ``"softplus"``,
             ``"sigmoid"`` or any elementwise callable.
         key: PRNG key.
-        dtype: parameter dtype (default: JAX's default float).
+        dtype: parameter dtype (default: JAX's default float); float64 needs
+            ``jax_enable_x64`` (a ``ValueError`` otherwise).
     """
 
     layers: tuple[eqx.nn.Linear, ...]
