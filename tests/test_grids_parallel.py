@@ -189,6 +189,21 @@ def test_zeros_of_a_float64_grid_needs_x64():
             g.zeros()
 
 
+def test_zeros_asked_in_float64_need_x64():
+    """``grid.zeros(jnp.float64)`` without x64 gave float32 zeros with jax's warning alone,
+    where ``grid.zeros()`` of a float64 grid is refused; both are refused now."""
+    for grid_dtype in ("float32", "float64"):
+        g = Grid((3, 4), (1, 1), dtype=grid_dtype)
+        for dtype in ("float64", jnp.float64, np.float64):
+            assert g.zeros(dtype).dtype == jnp.float64  # x64 on (conftest)
+            with jax.enable_x64(False):
+                with pytest.raises(ValueError, match="dtype float64 needs jax_enable_x64"):
+                    g.zeros(dtype)
+    with jax.enable_x64(False):
+        assert g.zeros("float32").dtype == jnp.float32
+        assert g.zeros(jnp.int32).dtype == jnp.int32
+
+
 @pytest.mark.parametrize("periodic", [True, False])
 def test_stencils_second_order(periodic):
     errs, dxs = [], []

@@ -308,10 +308,16 @@ class Grid(eqx.Module):
 
     def zeros(self, dtype=None) -> jax.Array:
         """Zeros of the (local) block shape: the whole grid, or inside ``shard_map`` one
-        device's block. A float64 grid needs ``jax_enable_x64`` (without it jax would hand
-        back float32 zeros)."""
+        device's block, in the grid's dtype or ``dtype``. A float64 grid, or ``dtype``
+        float64, needs ``jax_enable_x64`` (without it jax would hand back float32 zeros)."""
         if dtype is None:
             require_enabled_dtype(self)
+        elif not jax.config.jax_enable_x64 and np.dtype(dtype) == np.float64:
+            raise ValueError(
+                "dtype float64 needs jax_enable_x64, which is off (the zeros would silently be "
+                "float32): call jax.config.update('jax_enable_x64', True) first, or ask for "
+                "float32"
+            )
         return jnp.zeros(self.local_shape, dtype or self.dtype)
 
     # ---------------------------------------------------------- decomposition
