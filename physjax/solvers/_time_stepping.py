@@ -536,14 +536,15 @@ def integrate_diffrax(
 
     ``t0``, ``t1``, ``dt0``, the ``ts`` of ``saveat`` and ``rtol``/``atol`` are taken in the
     dtype of ``y0``'s floating leaves when they share one, so that a float32 state stays
-    float32 (``sol.ts`` and ``sol.ys``) with x64 on; they are arrays, so a new time or
-    tolerance does not compile the solve again (Python numbers in ``args`` or in a
-    controller of your own are static to diffrax's compiled solve: pass arrays to sweep them).
-    When they have values (not traced), ``t0``, ``t1`` and
-    ``dt0`` must be finite numbers in that dtype and ``dt0`` nonzero with the sign of
-    ``t1 - t0``, and the span ``t1 - t0`` in that dtype within 0.1% of the span given (far
-    from 0, float32 times are coarse); a ``ValueError`` naming the argument says so before
-    anything compiles.
+    float32 (``sol.ts`` and ``sol.ys``) with x64 on (a state whose floating leaves differ
+    is promoted whole: diffrax holds every leaf in at least its times' dtype, float64 with
+    x64 on, so a float32 leaf beside a float64 one comes back float64); they are arrays, so a
+    new time or tolerance does not compile the solve again (Python numbers in ``args`` or in
+    a controller of your own are static to diffrax's compiled solve: pass arrays to sweep
+    them). When they have values (not traced), ``t0``, ``t1`` and ``dt0`` must be finite
+    numbers in that dtype and ``dt0`` nonzero with the sign of ``t1 - t0``, and the span
+    ``t1 - t0`` in that dtype within 0.1% of the span given (far from 0, float32 times are
+    coarse); a ``ValueError`` naming the argument says so before anything compiles.
     ``solver``, ``saveat``, ``stepsize_controller`` and ``adjoint`` are ``None`` or diffrax
     objects of their kind (a ``TypeError`` otherwise). ``rhs`` is traced once for shapes
     first: an output that is not a tree of ``y0``'s structure and shapes, or has a dtype
