@@ -1,6 +1,7 @@
 """Shallow-water library API: input checks, transformations (jit/grad/vmap), diffrax paths."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -1628,3 +1629,41 @@ def test_runs_where_numpy_dtype_promotion_is_strict(adjust):
     with jax.numpy_dtype_promotion("strict"):
         strict = runs()
     assert _max_diff(strict, standard) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.multidevice
+def test_solve_diffrax_on_a_mesh_gathers_no_field(adjust):
+    """diffrax's default error norm (``optimistix.rms_norm``) flattens each field, and on a
+    mesh that splits x XLA did that by gathering every field of the state whole onto every
+    device at every step (three all-gathers of f64[16,16] per step on a 1×4 mesh: the full
+    16² field, N² memory on each device). The controller of a solve on a mesh now takes
+    the same norm reduced in place: each device sums its block and only scalars travel."""
+    m, s, dt = adjust
+    mesh = make_mesh((1, 4))
+    solve = jax.jit(lambda st: m.solve_diffrax(st, 0.0, 4 * dt, mesh=mesh, max_steps=8).ys)
+    text = solve.lower(s).compile().as_text()
+    assert not re.findall(r"\S+ all-gather\(", text)
+    # the norms: scalar all-reduces, no field-sized one
+    assert not re.findall(r"f64\[\d+,\d+\]\S* all-reduce\(", text)
+
+
+def test_a_pid_controller_on_a_mesh_keeps_its_settings_and_reduces_in_place():
+    """A controller of the user's gets the in-place norm on a mesh (alone or inside a
+    ``ClipStepSizeController``) and keeps everything else; a norm of the user's is kept.
+    The in-place norm is diffrax's default norm's value, and its derivative at 0 is 0."""
+    from physjax.solvers._time_stepping import blockwise_rms_norm, controller_for_sharded_fields
+
+    pid = diffrax.PIDController(rtol=1e-5, atol=1e-7, pcoeff=0.3)
+    new = controller_for_sharded_fields(pid)
+    assert new.norm is blockwise_rms_norm and (new.rtol, new.atol, new.pcoeff) == (1e-5, 1e-7, 0.3)
+    clip = controller_for_sharded_fields(diffrax.ClipStepSizeController(pid))
+    assert clip.controller.norm is blockwise_rms_norm
+    own = diffrax.PIDController(rtol=1e-5, atol=1e-7, norm=jnp.linalg.norm)
+    assert controller_for_sharded_fields(own) is own
+    tree = {"a": jnp.arange(6.0).reshape(2, 3), "b": jnp.array([[1.5, -2.0]])}
+    np.testing.assert_allclose(blockwise_rms_norm(tree), pid.norm(tree), rtol=1e-6)
+    zero = jax.tree.map(jnp.zeros_like, tree)
+    assert all(
+        float(jnp.sum(jnp.abs(g))) == 0 for g in jax.tree.leaves(jax.grad(blockwise_rms_norm)(zero))
+    )

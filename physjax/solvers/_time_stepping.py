@@ -209,6 +209,75 @@ def check_diffrax_options(**options) -> None:
             )
 
 
+#: ``integrate_diffrax``'s tolerances when none are given.
+DEFAULT_RTOL, DEFAULT_ATOL = 1e-6, 1e-8
+#: diffrax's default error norm (``optimistix.rms_norm``), as its controller holds it.
+_DIFFRAX_NORM = diffrax.PIDController(rtol=DEFAULT_RTOL, atol=DEFAULT_ATOL).norm
+
+
+@jax.custom_jvp
+def _sum_of_squares_root(x: PyTree) -> jax.Array:
+    leaves = [jnp.asarray(a) for a in jax.tree.leaves(x)]
+    squares = [jnp.sum(jnp.real(jnp.conj(a) * a)) for a in leaves if a.size]
+    return jnp.sqrt(sum(squares[1:], squares[0]))
+
+
+@_sum_of_squares_root.defjvp
+def _sum_of_squares_root_jvp(primals, tangents):
+    (x,), (tx,) = primals, tangents
+    out = _sum_of_squares_root(x)
+    # zero rather than NaN where the norm is 0 or inf, as optimistix's norms do
+    flat = (out == 0) | jnp.isinf(out)
+    scale = jnp.where(flat, 1, out)
+    dots = [
+        jnp.sum(jnp.real(jnp.conj(a) * b)) / scale
+        for a, b in zip(jax.tree.leaves(x), jax.tree.leaves(tx))
+        if jnp.size(a)
+    ]
+    return out, jnp.where(flat, 0, sum(dots[1:], dots[0]))
+
+
+def blockwise_rms_norm(x: PyTree) -> jax.Array:
+    """The root mean square of every element of every leaf of ``x``: ``optimistix.rms_norm``
+    (diffrax's default error norm), each leaf reduced over its own axes rather than
+    flattened first. On a field sharded over a mesh a flattened leaf is one vector that
+    every device needs whole: XLA gathered each field of a shallow-water state onto every
+    device at every step of an adaptive solve; reduced in place, each device sums its
+    block and only the sums travel."""
+    leaves = jax.tree.leaves(x)
+    size = sum(int(np.size(a)) for a in leaves)
+    if size == 0:
+        dtype = jnp.result_type(*leaves) if leaves else jnp.result_type(float)
+        return jnp.zeros((), jnp.finfo(dtype).dtype)
+    return _sum_of_squares_root(x) / math.sqrt(size)
+
+
+def default_controller(rtol=None, atol=None, norm=None, dtype=None) -> diffrax.PIDController:
+    """``integrate_diffrax``'s step-size controller: PID at ``rtol``/``atol`` (default
+    ``DEFAULT_RTOL``/``DEFAULT_ATOL``), with diffrax's own norm unless ``norm`` is given.
+    The tolerances are arrays in ``dtype`` (the state's; weakly typed when ``None``), like the
+    times: diffrax's compiled solve takes a Python number in the controller as static, and
+    every new tolerance compiled the whole solve again."""
+    rtol, atol = _tolerances_in_dtype(
+        dtype, DEFAULT_RTOL if rtol is None else rtol, DEFAULT_ATOL if atol is None else atol
+    )
+    return diffrax.PIDController(rtol=rtol, atol=atol, **({} if norm is None else {"norm": norm}))
+
+
+def controller_for_sharded_fields(controller):
+    """``controller`` with diffrax's default error norm (``optimistix.rms_norm``, which flattens
+    every field) replaced by [`blockwise_rms_norm`][], the same quantity reduced in place,
+    for a solve whose state is split over a mesh; a ``PIDController`` inside a
+    ``ClipStepSizeController`` too. Any other norm, or controller, is kept as given."""
+    if isinstance(controller, diffrax.PIDController) and controller.norm is _DIFFRAX_NORM:
+        return eqx.tree_at(lambda c: c.norm, controller, blockwise_rms_norm)
+    if isinstance(controller, diffrax.ClipStepSizeController):
+        inner = controller_for_sharded_fields(controller.controller)
+        if inner is not controller.controller:
+            return eqx.tree_at(lambda c: c.controller, controller, inner)
+    return controller
+
+
 #: How far (relative) the span ``t1 - t0`` may move when the times are held in the state's
 #: dtype: float32 round-off of a span is ~6e-8; a span moved more is another span.
 SPAN_RTOL = 1e-3
@@ -568,12 +637,7 @@ def integrate_diffrax(
     if not isinstance(throw, (bool, np.bool_)):
         raise TypeError(f"throw must be True or False, got {throw!r}")
     if stepsize_controller is None:
-        # as arrays, like the times: diffrax's compiled solve takes a Python number in the
-        # controller as static, and every new tolerance compiled the whole solve again
-        rtol, atol = _tolerances_in_dtype(
-            dtype, 1e-6 if rtol is None else rtol, 1e-8 if atol is None else atol
-        )
-        stepsize_controller = diffrax.PIDController(rtol=rtol, atol=atol)
+        stepsize_controller = default_controller(rtol, atol, dtype=dtype)
     elif rtol is not None or atol is not None:
         given = ", ".join(n for n, v in (("rtol", rtol), ("atol", atol)) if v is not None)
         raise ValueError(

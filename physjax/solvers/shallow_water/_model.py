@@ -37,8 +37,11 @@ from .._time_stepping import (
     SCHEMES,
     SPAN_RTOL,
     advance,
+    blockwise_rms_norm,
     check_diffrax_options,
     check_time_span,
+    controller_for_sharded_fields,
+    default_controller,
     integrate,
     integrate_diffrax,
     saveat_in_dtype,
@@ -1149,6 +1152,17 @@ class ShallowWater(eqx.Module):
             # device 0 alone: a solve that reached max_steps left the other devices waiting
             # at the next collective until XLA aborted the process
             kwargs["throw"] = False
+            # diffrax's default error norm flattens each field, which XLA does by gathering
+            # the whole field onto every device at every step: the same norm, reduced in place
+            controller = kwargs.get("stepsize_controller")
+            if controller is None:
+                controller = default_controller(
+                    kwargs.pop("rtol", None),
+                    kwargs.pop("atol", None),
+                    norm=blockwise_rms_norm,
+                    dtype=dtype,
+                )
+            kwargs["stepsize_controller"] = controller_for_sharded_fields(controller)
             state = _check_traced_save_times(state, t0, t1, kwargs, self.grid, mesh)
             state = _check_traced_dt0(state, t0, t1, kwargs, self.grid, mesh)
             if isinstance(kwargs.get("adjoint"), diffrax.BacksolveAdjoint):
