@@ -1667,3 +1667,25 @@ def test_a_pid_controller_on_a_mesh_keeps_its_settings_and_reduces_in_place():
     assert all(
         float(jnp.sum(jnp.abs(g))) == 0 for g in jax.tree.leaves(jax.grad(blockwise_rms_norm)(zero))
     )
+
+
+@pytest.mark.multidevice
+def test_checking_the_frames_of_a_solve_on_a_mesh_gathers_no_frame():
+    """After an eager ``solve_diffrax`` the saved frames are checked for NaN/Inf and a dry
+    layer; each frame was flattened first (``reshape(n, -1)``), which on a mesh splitting
+    x gathered every saved frame whole onto every device (pred[10,32,32] per field for ten
+    32² frames on 1×4). Each frame is now reduced over its own axes, and the flags are
+    those of the old check."""
+    from physjax.solvers.shallow_water._model import _bad_saved_frames
+
+    mesh = make_mesh((1, 4))
+    split = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, None, "x"))
+    h = np.full((5, 8, 8), 10.0)
+    h[1, 3, 5], h[3, 0, 0], h[4] = NAN, -1.0, NAN  # frame 4 not reached (t = inf): sound
+    frames = ShallowWaterState(*(jax.device_put(a, split) for a in (h, h * 0, h * 0)))
+    ts = jnp.array([1.0, 2.0, 3.0, 4.0, INF])
+    text = _bad_saved_frames.lower(ts, frames).compile().as_text()
+    assert not re.findall(r"\S+ all-gather\(", text)
+    bad, dry = _bad_saved_frames(ts, frames)
+    assert bad.tolist() == [False, True, False, False, False]
+    assert dry.tolist() == [False, False, False, True, False]

@@ -1264,21 +1264,32 @@ def _first_bad_frame(sol: diffrax.Solution) -> tuple[int, int, float, float | No
     frames = tree.flatten_up_to(sol.ys)  # one tree of saved values per SubSaveAt
     for ts, ys in zip(times, frames):
         n = ts.shape[0]
-        bad = jnp.zeros((n,), bool)
-        for leaf in jax.tree.leaves(ys):
-            if jnp.issubdtype(leaf.dtype, jnp.inexact) and leaf.shape[:1] == (n,):
-                bad = bad | ~jnp.isfinite(leaf).reshape(n, -1).all(axis=1)
-        dry = jnp.zeros((n,), bool)
-        if isinstance(ys, ShallowWaterState) and ys.h.shape[:1] == (n,):
-            # saved states (not SaveAt(fn=...)): a layer that ran dry, as run reports it
-            dry = (ys.h <= 0).reshape(n, -1).any(axis=1)
-        dry = np.asarray(dry & jnp.isfinite(ts))
-        bad = np.asarray(bad & jnp.isfinite(ts)) | dry
+        bad, dry = (np.asarray(a) for a in _bad_saved_frames(ts, ys))
+        bad = bad | dry
         if bad.any():
             k = int(np.argmax(bad))
             h_min = float(np.nanmin(np.asarray(ys.h[k]))) if dry[k] else None
             return k, n, float(ts[k]), h_min
     return None
+
+
+@jax.jit
+def _bad_saved_frames(ts: Array, ys) -> tuple[Array, Array]:
+    """Per frame saved at the times ``ts`` (frames not reached, ``ts = inf``, count as
+    sound): whether it holds NaN/Inf, and (saved states, not ``SaveAt(fn=...)``) whether
+    some ``h <= 0``. Each frame is reduced over its own axes: flattened first
+    (``reshape(n, -1)``), frames split over a mesh were gathered whole onto every device."""
+    n = ts.shape[0]
+    bad = jnp.zeros((n,), bool)
+    for leaf in jax.tree.leaves(ys):
+        if jnp.issubdtype(leaf.dtype, jnp.inexact) and leaf.shape[:1] == (n,):
+            bad = bad | ~jnp.isfinite(leaf).all(axis=tuple(range(1, leaf.ndim)))
+    dry = jnp.zeros((n,), bool)
+    if isinstance(ys, ShallowWaterState) and ys.h.shape[:1] == (n,):
+        # a layer that ran dry, as run reports it
+        dry = (ys.h <= 0).any(axis=tuple(range(1, ys.h.ndim)))
+    reached = jnp.isfinite(ts)
+    return bad & reached, dry & reached
 
 
 def _raise_if_run_blew_up(sol: ShallowWaterSolution, save_every: int) -> None:
