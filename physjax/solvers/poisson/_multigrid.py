@@ -473,19 +473,30 @@ class Multigrid:
         return apply_operator(u, self.levels[k].grid, self.parity, self.data.faces[k], shift)
 
     def _half_sweep(self, k, u, f, mask):
-        r = f - self.apply(k, u)
+        return u + self._correction(k, f - self.apply(k, u), mask)
+
+    def _correction(self, k, r, mask):
         line = self.levels[k].line
         if line is None:
-            return u + mask * r / self.data.diag[k]
+            return mask * r / self.data.diag[k]
         # Lines of one colour are coupled only to lines of the other: solving each for
         # the residual is the Gauss–Seidel update of the whole line at once.
-        return u + mask * line_solve(self.data.lines[k], r, line)
+        return mask * line_solve(self.data.lines[k], r, line)
 
     def _smooth(self, k, u, f, sweeps, reverse):
+        """``sweeps`` red–black sweeps on ``A_k u = f``; ``u=None`` starts from zero, whose
+        first half-sweep needs no operator (the residual is ``f``), and so no halo
+        exchange of a field of zeros."""
         red = self.data.red[k]
         black = 1 - red
         first, second = (black, red) if reverse else (red, black)
-        if sweeps == 0:
+        if u is None:
+            if sweeps == 0:
+                return jnp.zeros_like(f)
+            u, start = self._correction(k, f, first), 1
+        else:
+            start = 0
+        if 2 * sweeps == start:
             return u
 
         # A loop rather than unrolled sweeps: one copy of the stencil per level keeps the
@@ -493,7 +504,7 @@ class Multigrid:
         def body(i, u):
             return self._half_sweep(k, u, f, jnp.where(i % 2 == 0, first, second))
 
-        return lax.fori_loop(0, 2 * sweeps, body, u)
+        return lax.fori_loop(start, 2 * sweeps, body, u)
 
     def _coarsest(self, f):
         shape = f.shape
@@ -508,7 +519,7 @@ class Multigrid:
             return local_block(self.vcycle(k + 1, gather(f, level.grid), fcycle), level.grid)
         coarse = self.levels[k + 1].grid
         halved = level.halved
-        u = self._smooth(k, jnp.zeros_like(f), f, self.pre, reverse=False)
+        u = self._smooth(k, None, f, self.pre, reverse=False)
         rc = restrict(f - self.apply(k, u), coarse, self.parity, halved)
         ec = self.vcycle(k + 1, rc, fcycle)
         if fcycle:
