@@ -521,3 +521,23 @@ def test_unknown_case_and_bad_dt():
         case.model.run(case.state, dt=-1.0, n_steps=2)
     with pytest.raises(ValueError, match="n_steps=3 must be a multiple of save_every=2"):
         case.model.run(case.state, dt=1.0, n_steps=3, save_every=2)
+
+
+@pytest.mark.multidevice
+def test_mass_and_energy_of_a_sharded_state_gather_no_field():
+    """``mass`` and ``energy`` sum about one reference depth, the first value of ``h``,
+    taken as ``h.reshape(-1)[0]``: on a state split over a mesh that splits x, XLA
+    flattened ``h`` by gathering it whole onto every device (an all-gather of f64[32,32]
+    for a 32² state on 1×4, of [16,32] on 2×2) to read one number. It is now ``h[0, 0]``,
+    the same value: one element travels, and the results are those of one device."""
+    import re
+
+    from physjax.parallel import shard
+
+    c = make_case("geostrophic-adjustment", nx=32, ny=32, precision="float64")
+    m, s = c.model, c.state
+    split = shard(s, m.grid, make_mesh((1, 4)))
+    for name in ("mass", "energy"):
+        fn = jax.jit(lambda st, name=name: getattr(m, name)(st))
+        assert not re.findall(r"\S+ all-gather\(", fn.lower(split).compile().as_text()), name
+        assert float(fn(split)) == pytest.approx(float(getattr(m, name)(s)), rel=1e-14)

@@ -679,7 +679,7 @@ class ShallowWater(eqx.Module):
         self._check_state(state, values=False)
         # Sum deviations from one reference value: in float32 a plain sum of ~1e5 similar
         # numbers loses more digits than the scheme's own round-off.
-        ref = state.h.reshape(-1)[0]
+        ref = state.h[0, 0]  # not reshape(-1)[0]: flattening gathers a sharded field whole
         return (jnp.sum(state.h - ref) + ref * state.h.size) * self.grid.cell_volume
 
     def energy(self, state: ShallowWaterState) -> Array:
@@ -696,7 +696,7 @@ class ShallowWater(eqx.Module):
         # than a step changes the energy.
         model = self._in_grid_dtype()  # parameters set with eqx.tree_at may be float64
         gravity = model.gravity
-        ref = state.h.reshape(-1)[0]
+        ref = state.h[0, 0]  # not reshape(-1)[0]: flattening gathers a sharded field whole
         eta = state.h - ref
         local = state.h * kinetic + 0.5 * gravity * eta * eta
         uniform = gravity * ref * (0.5 * ref * state.h.size + jnp.sum(eta))
