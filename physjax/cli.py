@@ -1118,7 +1118,7 @@ def _run_shallow_water(
     import jax
     import jax.numpy as jnp
 
-    from ._runner import RunInterrupted, SimulationBlewUp, drive, to_numpy
+    from ._runner import RunInterrupted, SimulationBlewUp, _format_time, drive, to_numpy
     from ._runner import _all_finite as all_finite
     from .parallel import make_mesh, shard
     from .solvers.shallow_water import make_case
@@ -1387,6 +1387,9 @@ def _run_shallow_water(
         bar = tqdm(
             total=n_steps,
             initial=step0,
+            # the time reached from the first draw: a resumed run's bar showed its step alone
+            # until its first frame (in a batch log, the only line for half a minute)
+            postfix=f"t={_format_time(step0 * dt)}",
             unit="step",
             desc=f"shallow-water {case_name}",
             disable=quiet,

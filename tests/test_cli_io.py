@@ -639,6 +639,22 @@ def test_resume_keeps_the_stored_step_count_and_dt(tmp_path, uninterrupted):
     _assert_resume_completes_like(out, uninterrupted)
 
 
+def test_a_resumed_runs_progress_bar_starts_at_its_step_and_time(tmp_path, capsys):
+    """The bar's first draw (in a batch log the only line for half a minute) showed the
+    step a resumed run continued from but not its time, which came with the first frame."""
+    from physjax._runner import _format_time
+
+    code, out = _run(tmp_path, "--max-frames", "1")
+    assert code == 0
+    with h5py.File(out) as f:
+        step, t = int(f["step"][-1]), float(f["time"][-1])
+    capsys.readouterr()
+    resume = ["shallow-water", "--output", str(out), "--resume", "--max-frames", "1"]
+    assert main(resume) == 0
+    draws = [s for s in re.split(r"[\r\n]", capsys.readouterr().err) if "shallow-water" in s]
+    assert f" {step}/" in draws[0] and f"t={_format_time(t)}]" in draws[0], draws
+
+
 def test_ctrl_c_while_starting_exits_130(capsys, monkeypatch):
     import physjax.cli as cli
 
