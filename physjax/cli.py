@@ -1035,6 +1035,7 @@ def _run_shallow_water(
     plot_stored = False  # the picture is the --plot stored in the file being resumed
     relayout = None  # (the run's layout, the layout it continues on)
     reversion = None  # (the physjax version the run began with, this one), when they differ
+    moved_before = False  # an earlier --resume of the file went on on another layout
     recorded = None  # the physical parameters the file records, when resuming
     output = settings.get("output")
     if output == "":
@@ -1088,6 +1089,7 @@ def _run_shallow_water(
         plot_stored = plot is None and not no_plot and stored.get("plot") is not None
         plot = stored.get("plot") if plot_stored else plot
         settings = {**stored, "output": output, "plot": plot}
+        moved_before = "where the run began on" in str(attrs.get("history") or "")
         if given_devices is not None and _layout(given_devices) != _layout(stored.get("devices")):
             # Continuing on another machine: the stencils are the same on every layout, but
             # XLA compiles each layout's program on its own, so from here on the frames
@@ -1336,6 +1338,11 @@ def _run_shallow_water(
                     f"{_shown_devices(relayout[0])}: from here the frames equal an "
                     f"uninterrupted run's to round-off, not bit for bit"
                 )
+            elif moved_before:  # back on the run's own layout after a part on another one
+                history += (
+                    f" on devices {_shown_devices(_layout(settings.get('devices')))}, the "
+                    f"layout the run began on (an earlier part ran on another)"
+                )
             if reversion is not None:
                 history += (
                     f" with physjax {reversion[1]}, where the run began with {reversion[0]}: "
@@ -1383,6 +1390,13 @@ def _run_shallow_water(
 
         def advance(s, t0, n):
             return model.advance(s, t0=t0, dt=dt, n_steps=n, mesh=mesh)
+
+        # The command that continues the run: on the layout this part ran on, where that is
+        # not the run's own (a plain --resume went back to the stored one, unannounced).
+        again = "--resume"
+        if relayout is not None:
+            again += f" --devices {_shown_devices(devices)}"
+        command = f"physjax shallow-water --output {shlex.quote(output)} {again}"
 
         bar = tqdm(
             total=n_steps,
@@ -1451,7 +1465,6 @@ def _run_shallow_water(
             with contextlib.suppress(OSError):  # a few bytes of attributes, if they fit
                 at = f"at step {step}, t = {step * dt:.6g} s"
                 writer.finish(f"{STATUS_INTERRUPTED}: {at}: the disk was full")
-            command = f"physjax shallow-water --output {shlex.quote(output)} --resume"
             raise OutputSpaceError(
                 f"{e}. The run stopped at step {step} of {n_steps}; {output} keeps {frames} "
                 f"whole frame{'s' if frames != 1 else ''}. Free some space and continue "
@@ -1463,7 +1476,6 @@ def _run_shallow_water(
             # The file is the record: its last whole frame (a frame cut short is dropped).
             frames, step = _record_of(writer, step0)
             writer.finish(f"{STATUS_INTERRUPTED}: at step {step}, t = {step * dt:.6g} s")
-            command = f"physjax shallow-water --output {shlex.quote(output)} --resume"
             raise RunInterrupted(
                 step,
                 step * dt,
@@ -1480,7 +1492,6 @@ def _run_shallow_water(
                     f"{STATUS_INTERRUPTED}: at step {step}, t = {step * dt:.6g} s: "
                     f"{type(e).__name__}: {e}"[:500]
                 )
-                command = f"physjax shallow-water --output {shlex.quote(output)} --resume"
                 e.add_note(
                     f"physjax: {output} keeps {frames} whole frame{'s' if frames != 1 else ''} "
                     f"(to step {step}); continue with: {command}"
@@ -1501,14 +1512,14 @@ def _run_shallow_water(
         else:  # stopped by --max-frames: say so in the file, which --resume continues
             writer.finish(
                 f"{STATUS_STOPPED}: at step {step}, t = {step * dt:.6g} s after --max-frames "
-                f"{max_frames}; continue with --resume"
+                f"{max_frames}; continue with {again}"
             )
     if plot:
         frames_text = f"{total_frames} frame{'s' if total_frames != 1 else ''}"
         _plot_written(
             output, plot, f"{frames_text}, " + ("complete" if done else f"stopped at step {step}")
         )
-    note = "" if done else f" (stopped at step {step}/{n_steps}; continue with --resume)"
+    note = "" if done else f" (stopped at step {step}/{n_steps}; continue with {again})"
     if dt_requested is not None and dt != dt_requested:
         note += (
             f"; --dt {dt_requested:g} s was lowered to {dt:.6g} s so that the last frame "

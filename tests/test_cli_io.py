@@ -1535,6 +1535,27 @@ def test_resume_continues_on_another_device_layout(
         np.testing.assert_array_equal(b.step.values, a.step.values)
 
 
+@pytest.mark.multidevice
+def test_a_part_run_on_another_layout_says_how_to_go_on_there(tmp_path, capsys):
+    """A run begun on 2x2 and stopped again after a part resumed on one device said
+    `continue with --resume`, which went back to 2x2 (where a one-GPU machine has no such
+    layout), and the history of that part did not say the layout had changed again."""
+    out = tmp_path / "d.h5"
+    assert main(["shallow-water", *FAST, "--save-every", "2", "--devices", "2x2",
+                 "--max-frames", "1", "--output", str(out)]) == 0  # fmt: skip
+    capsys.readouterr()
+    resume = ["shallow-water", "--output", str(out), "--resume", "--quiet", "--max-frames", "1"]
+    assert main([*resume, "--devices", "1"]) == 0
+    assert capsys.readouterr().out.endswith("continue with --resume --devices 1)\n")
+    with h5py.File(out) as f:
+        assert f.attrs["status"].endswith("; continue with --resume --devices 1")
+    assert main(resume) == 0  # back on the layout stored, which the history now says
+    with h5py.File(out) as f:
+        last = f.attrs["history"].splitlines()[-1]
+    assert last.endswith("on devices 2x2, the layout the run began on (an earlier part ran "
+                         "on another)"), last  # fmt: skip
+
+
 def test_resume_on_a_layout_there_are_not_devices_for_says_how_to_go_on(tmp_path, capsys):
     out = tmp_path / "big.h5"
     assert main(["shallow-water", *FAST, "--devices", "2x2", "--max-frames", "1",
