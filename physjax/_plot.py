@@ -182,6 +182,14 @@ def _units_text(units: str) -> str:
     return _UNIT_POWER.sub(lambda m: f"{m.group(1)}$^{{{m.group(2)}}}$", units)
 
 
+def _literal(text) -> str:
+    """Text of the file (a case, an ``--rhs`` path, a long name, a status) for a title or a
+    label, its ``$`` escaped: matplotlib takes text between two ``$`` for mathematics, so a
+    solve of ``--rhs 'a$_$b.nc:f'`` could not be drawn ("ParseSyntaxException: Expected
+    ..."), and ``run$1$.nc`` was drawn as "run1.nc" with an italic 1."""
+    return str(text).replace("$", r"\$")
+
+
 def _length_text(z: float) -> str:
     """A level for a title: metres below 10 km (no exponent), else km."""
     if abs(z) >= 1e4:
@@ -345,7 +353,7 @@ def plot_panels(
             signed = values.size and values.min() < 0 < values.max()
             cmap = "RdBu_r" if signed else "viridis"
             units = _units_text(var.attrs.get("units", ""))
-            panels.append((var, f"{name}: {long_name}", units, cmap))
+            panels.append((var, _literal(f"{name}: {long_name}"), units, cmap))
     elif "h" in sel and "zeta" in sel:
         eta = sel["h"] + (sel["bottom"] if "bottom" in sel else 0)
         anomaly = eta - float(eta.where(np.isfinite(eta)).mean())  # an Inf cell: not all Inf
@@ -357,7 +365,7 @@ def plot_panels(
                 panels.append(
                     (
                         var,
-                        var.attrs.get("long_name", name),
+                        _literal(var.attrs.get("long_name", name)),
                         _units_text(var.attrs.get("units", "")),
                         "viridis",
                     )
@@ -420,7 +428,8 @@ def plot_panels(
             case += f" (frame {config.get('frame')}, t = {when})"
     # a file without a case: "physjax, t = 1.5 s", not "physjax , t = 1.5 s"
     name = f"physjax {case}" if str(case).strip() else "physjax"
-    fig.suptitle(f"{name}{title_time}{_status_text(str(sel.attrs.get('status', '')))}")
+    status = _status_text(str(sel.attrs.get("status", "")))
+    fig.suptitle(_literal(f"{name}{title_time}{status}"))
     _fit_size(fig, axes[0])
     try:
         _save_replacing(fig, os.fspath(output))

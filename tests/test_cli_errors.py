@@ -1114,6 +1114,30 @@ def test_plot_title_gives_the_time_in_the_file_units(tmp_path, monkeypatch):
     assert titles == ["physjax, t = 3000 s"]
 
 
+def test_plot_title_shows_a_dollar_of_the_rhs_path_as_written(tmp_path, monkeypatch):
+    """A solve of ``--rhs 'a$_$b.nc:f'`` wrote its file but not its picture: matplotlib took
+    the text between the two ``$`` of the title for mathematics ("ParseSyntaxException:
+    Expected ..."), and ``physjax plot`` of the file failed the same way (``r$1$.nc`` was
+    titled "r1.nc", its 1 in italics). Text of the file is now drawn as written."""
+    from matplotlib.text import Text
+
+    monkeypatch.chdir(tmp_path)
+    x = (np.arange(8) + 0.5) / 8
+    f = np.sin(2 * np.pi * x)[None, :] * np.cos(2 * np.pi * x)[:, None]
+    rhs = "a$_$b.nc"
+    xr.Dataset({"f": (("y", "x"), f)}, coords={"x": x, "y": x}).to_netcdf(rhs, engine="h5netcdf")
+    args = ["poisson", "--quiet", "--rhs", f"{rhs}:f", "--bc", "periodic", "--output", "p.h5"]
+    assert main([*args, "--plot", "p.png"]) == 0
+    assert open("p.png", "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    drawn = []
+    monkeypatch.setattr(
+        "matplotlib.figure.Figure.suptitle",
+        lambda fig, t, **kw: drawn.append(Text(text=t)._preprocess_math(t)),
+    )
+    assert main(["plot", "p.h5", "--output", "p.png"]) == 0
+    assert drawn == [(f"physjax poisson, {rhs}:f", False)]  # plain text, dollars and all
+
+
 def test_plot_of_a_long_or_bare_png_name_is_written_under_that_name(tmp_path):
     """A picture named to nearly fill the folder's 255-byte limit stopped with "File name
     too long" from its hidden temporary name; a picture named ``.png`` was written to
