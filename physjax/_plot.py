@@ -407,7 +407,13 @@ def plot_panels(
             im = ax.pcolormesh(x, y, data, cmap=colours, shading="flat", vmin=vmin, vmax=vmax)
         else:
             im = ax.pcolormesh(x, y, data, cmap=colours, shading="auto", vmin=vmin, vmax=vmax)
-        width, height = np.ptp(x), np.ptp(y)
+        # the domain's extent (its cells' centres span a cell less, and a face or corner
+        # field's another amount: a 4000 x 1000 km domain of 32 x 8 cells was drawn at true
+        # proportions for ζ, stretched to fill the panel for the height beside it)
+        width, height = (
+            np.ptp(c) if lim is None else (lim[1] - lim[0]) / scale
+            for c, lim in ((x, limits[1]), (y, limits[0]))
+        )
         # true proportions, unless they leave a sliver (a long channel): then fill the panel
         ax.set_aspect("equal" if 0 < height <= 4 * width and width <= 4 * height else "auto")
         if limits[1] is not None:

@@ -823,6 +823,26 @@ def test_plot_panels_of_centre_and_corner_fields_show_the_same_domain(tmp_path, 
     assert corners[..., 0].max() == pytest.approx(lx + lx / 32 if periodic else lx - lx / 32)
 
 
+def test_plot_panels_of_a_domain_four_times_as_wide_keep_its_proportions(tmp_path, monkeypatch):
+    """Whether a panel kept the domain's proportions (up to 4:1) was judged by the span of
+    the field's points, a cell less than the domain at the cell centres: a 3 x 1 m solve of
+    48 x 3 cells (centres 2.94 x 0.67 m apart, 4.4:1) had its panels stretched to squares,
+    and a 4000 x 1000 km run of 32 x 8 cells drew the height so beside a 4:1 vorticity panel.
+    The domain's extent decides now."""
+    import matplotlib.pyplot as plt
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    run = tmp_path / "p.h5"
+    args = ["poisson", "--case", "dirichlet", "--nx", "48", "--ny", "3", "--lx", "3", "--quiet"]
+    assert main([*args, "--output", str(run), "--plot", str(tmp_path / "p.png")]) == 0
+    panels = [ax for ax in figures[-1].axes if ax.get_label() != "<colorbar>"]
+    assert len(panels) == 3
+    for ax in panels:
+        assert ax.get_xlim() == pytest.approx((0, 3)) and ax.get_ylim() == pytest.approx((0, 1))
+        assert ax.get_aspect() == 1.0  # "equal": a metre is as long along x as along y
+
+
 @pytest.mark.parametrize("command", ["shallow-water", "poisson"])
 def test_plot_of_a_grid_one_cell_wide_fills_the_domain(tmp_path, monkeypatch, command):
     """A run or solve with --nx 1 (a one-dimensional problem in y) drew blank panels: its one
