@@ -216,6 +216,11 @@ def _colour_scale(data: np.ndarray, cmap: str):
     exponent = int(np.floor(np.log10(vmax)))
     if abs(exponent) < 3:  # the power of ten goes into the label only when it is large
         exponent = 0
+    if not symmetric and lo != hi and hi - lo <= 1e-3 * vmax:
+        # values that share their first digits (h = 1000 m ± 5 mm): matplotlib writes that
+        # part once over the bar ("+1e3"), in the label's units; with 10³ in the label too
+        # the bar read "h [10³ m]" under "1e−6+1", a value (1 + 10⁻⁶·tick)·10³ m
+        exponent = 0
     scale = 10.0**exponent
     data = np.where(finite, data, np.nan) / scale
     if symmetric:

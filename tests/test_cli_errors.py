@@ -773,6 +773,31 @@ def test_plot_of_non_finite_and_constant_fields(tmp_path, capsys):
     assert long_runs == ["360 days", "1000 days", "1157 days"]
 
 
+def test_plot_colour_bar_of_values_that_share_their_first_digits_is_in_the_field_units():
+    """A layer thickness of 1000 m ± 5 mm (``physjax plot --vars h``) had its colour bar
+    labelled "h [10³ m]" with matplotlib's offset "1e−6+1" over it: two scalings, a value
+    of (1 + 10⁻⁶·tick)·10³ m. The power of ten now stays out of the label where the bar
+    needs the offset, which then reads in metres ("+1e3"); a field spread from near zero
+    keeps the power in its label."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from physjax._plot import _colour_scale
+
+    data = 1000.0 + np.linspace(-0.005, 0.005, 16).reshape(4, 4)
+    scaled, vmin, vmax, exponent, _ = _colour_scale(data, "viridis")
+    assert exponent == 0 and (vmin, vmax) == pytest.approx((999.995, 1000.005))
+    fig, ax = plt.subplots()
+    bar = fig.colorbar(ax.pcolormesh(scaled, vmin=vmin, vmax=vmax))
+    fig.draw_without_rendering()
+    assert bar.ax.yaxis.get_offset_text().get_text().endswith("+1e3")  # metres over the bar
+    plt.close(fig)
+    assert _colour_scale(np.array([2e3, 5e3]), "viridis")[3] == 3  # 2 to 5 (10³ m)
+    assert _colour_scale(np.array([-1e-5, 1e-5]), "RdBu_r")[3] == -5
+
+
 def test_plot_title_says_when_the_run_did_not_end_as_asked(tmp_path, monkeypatch):
     """Only a failed run was named in the plot's title: an interrupted run, one stopped by
     --max-frames and one still running (or killed without a word) looked complete."""
