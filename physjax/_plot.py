@@ -289,6 +289,14 @@ def _fit_size(fig, panels) -> None:
         fig.set_size_inches(width - max(blank_w, 0), height - max(blank_h, 0))
 
 
+def _map_for(var) -> str:
+    """The colour map of a panel of ``var``: a signed field (a solution, a residual, an
+    error, a streamfunction) on a diverging one, its scale centred on zero; else viridis."""
+    values = np.asarray(var, dtype=float)
+    values = values[np.isfinite(values)]
+    return "RdBu_r" if values.size and values.min() < 0 < values.max() else "viridis"
+
+
 def _drawable(sel) -> list[str]:
     """The data variables of a frame that a panel can show: fields of (y, x) or (z, y, x),
     at cell centres or on faces (``x_f``…)."""
@@ -352,13 +360,8 @@ def plot_panels(
         for name in names:
             var = sel[name]
             long_name = var.attrs.get("long_name", name)
-            # a signed field (a solution, a residual, an error) on a scale centred on zero
-            values = np.asarray(var, dtype=float)
-            values = values[np.isfinite(values)]
-            signed = values.size and values.min() < 0 < values.max()
-            cmap = "RdBu_r" if signed else "viridis"
             units = _units_text(var.attrs.get("units", ""))
-            panels.append((var, _literal(f"{name}: {long_name}"), units, cmap))
+            panels.append((var, _literal(f"{name}: {long_name}"), units, _map_for(var)))
     elif "h" in sel and "zeta" in sel:
         eta = sel["h"] + (sel["bottom"] if "bottom" in sel else 0)
         anomaly = eta - float(eta.where(np.isfinite(eta)).mean())  # an Inf cell: not all Inf
@@ -372,7 +375,7 @@ def plot_panels(
                         var,
                         _literal(var.attrs.get("long_name", name)),
                         _units_text(var.attrs.get("units", "")),
-                        "viridis",
+                        _map_for(var),
                     )
                 )
             if len(panels) == 3:

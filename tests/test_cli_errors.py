@@ -798,6 +798,36 @@ def test_plot_colour_bar_of_values_that_share_their_first_digits_is_in_the_field
     assert _colour_scale(np.array([-1e-5, 1e-5]), "RdBu_r")[3] == -5
 
 
+def test_plot_of_a_file_of_other_variables_centres_a_signed_one_on_zero(tmp_path, monkeypatch):
+    """A file written with physjax.io.NetCDFWriter of other variables than a run's drew each
+    on viridis from its least to its greatest value: a streamfunction of −1 to 5 m² s⁻¹ had
+    no colour for zero, where ``--vars`` of the same file drew it on a diverging scale of
+    ±5. Both now draw a signed field so; a field of one sign keeps viridis."""
+    import matplotlib.pyplot as plt
+
+    from physjax.grids import Grid
+    from physjax.io import NetCDFWriter, Variable
+
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    path = str(tmp_path / "m.h5")
+    psi = np.linspace(-1.0, 5.0, 32, dtype=np.float32).reshape(4, 8)
+    variables = [
+        Variable("psi", ("centre", "centre"), "m2 s-1", "streamfunction"),
+        Variable("T", ("centre", "centre"), "K", "temperature"),
+    ]
+    writer = NetCDFWriter(path, Grid((4, 8), (1.0, 2.0)), variables, attrs={"case": "mine"})
+    writer.append(0.0, 0, {"psi": psi, "T": 280 + psi})
+    writer.finish()
+    for vars_ in ([], ["--vars", "psi,T"]):
+        assert main(["plot", path, "--output", str(tmp_path / "m.png"), *vars_]) == 0
+        streamfunction, temperature = [
+            ax.collections[0] for ax in figures[-1].axes if ax.get_label() != "<colorbar>"
+        ]
+        assert streamfunction.get_clim() == (-5.0, 5.0) and streamfunction.cmap.name == "RdBu_r"
+        assert temperature.get_clim() == (279.0, 285.0) and temperature.cmap.name == "viridis"
+
+
 def test_plot_title_says_when_the_run_did_not_end_as_asked(tmp_path, monkeypatch):
     """Only a failed run was named in the plot's title: an interrupted run, one stopped by
     --max-frames and one still running (or killed without a word) looked complete."""
