@@ -241,16 +241,17 @@ def _colour_scale(data: np.ndarray, cmap: str):
     return data, lo / scale, hi / scale, exponent, note
 
 
-def _status_text(status: str) -> str:
-    """A second title line for a run that did not end as asked; none for a complete one."""
+def _status_text(status: str, what: str = "run") -> str:
+    """A second title line for a run (or, ``what``, a solve) that did not end as asked;
+    none for a complete one."""
     from .io import STATUS_INTERRUPTED, STATUS_RUNNING, STATUS_STOPPED
 
     if status.startswith("failed"):
-        return f"\nthe run {status}"
+        return f"\nthe {what} {status}"
     if status.startswith((STATUS_INTERRUPTED, STATUS_STOPPED)):
-        return f"\nthe run was {status}"
+        return f"\nthe {what} was {status}"
     if status == STATUS_RUNNING:  # still running, or killed without a word
-        return "\nthe run has not finished (status 'running')"
+        return f"\nthe {what} has not finished (status 'running')"
     return ""
 
 
@@ -453,7 +454,9 @@ def plot_panels(
             case += f" (frame {config.get('frame')}, t = {when})"
     # a file without a case: "physjax, t = 1.5 s", not "physjax , t = 1.5 s"
     name = f"physjax {case}" if str(case).strip() else "physjax"
-    status = _status_text(str(sel.attrs.get("status", "")))
+    # a poisson file is a solve: "the solve failed: not converged …", not "the run failed"
+    what = "solve" if sel.attrs.get("title") == "physjax poisson" else "run"
+    status = _status_text(str(sel.attrs.get("status", "")), what)
     fig.suptitle(_literal(f"{name}{title_time}{status}"))
     _fit_size(fig, axes[0])
     try:

@@ -853,6 +853,25 @@ def test_plot_of_a_3d_solve_reads_only_the_level_it_draws(tmp_path, monkeypatch)
     np.testing.assert_allclose(np.asarray(panels[0].collections[0].get_array()), middle)
 
 
+def test_plot_title_of_a_solve_that_did_not_converge_speaks_of_a_solve(tmp_path, monkeypatch):
+    """The picture of a poisson solve that did not converge was titled "the run failed: not
+    converged after 2 iterations (…)", as if a time-stepping run had; it now says "the solve
+    failed: …"."""
+    import matplotlib.figure
+
+    titles = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "suptitle", lambda fig, t, **kw: titles.append(t))
+    run = tmp_path / "p.h5"
+    assert (
+        main(["poisson", "--case", "dirichlet", "--n", "8", "--quiet", "--output", str(run)]) == 0
+    )
+    failed = "failed: not converged after 2 iterations (relative residual 1.15e-05 > rtol 1e-10)"
+    with h5py.File(run, "a") as f:
+        f.attrs["status"] = failed
+    assert main(["plot", str(run), "--output", str(tmp_path / "p.png")]) == 0
+    assert titles == [f"physjax poisson, dirichlet\nthe solve {failed}"]
+
+
 def test_plot_title_says_when_the_run_did_not_end_as_asked(tmp_path, monkeypatch):
     """Only a failed run was named in the plot's title: an interrupted run, one stopped by
     --max-frames and one still running (or killed without a word) looked complete."""
