@@ -2154,3 +2154,38 @@ def test_a_cycle_on_a_mesh_exchanges_no_halo_of_zeros():
     solver = PoissonSolver(grid, "dirichlet", "multigrid", mesh=make_mesh((2, 2), 2))
     jaxpr = jax.make_jaxpr(lambda x: solver(x))(f).jaxpr
     assert max(_ppermutes(body) for body in _loop_bodies(jaxpr)) == 11 * 4
+
+
+def test_numpy_strings_as_settings_are_taken_without_a_warning():
+    # Names read from a NumPy array or a file's attributes are np.str_: kept as they came
+    # in the solver's static fields, they made equinox warn "A JAX array is being set as
+    # static!" at every construction.
+    g = _grid((8, 8), (False, False))
+    f = np.random.default_rng(0).standard_normal(g.shape)
+    f -= f.mean()
+    settings = [
+        dict(bc=np.array(["neumann", "dirichlet"])[0]),
+        dict(bc=tuple(np.array(["neumann", "dirichlet"]))),
+        dict(bc={"x": np.str_("neumann")}),
+        dict(method=np.str_("cg")),
+        dict(method="multigrid", cycle=np.str_("F")),
+        dict(bc="neumann", compatibility=np.str_("project")),
+        dict(laplacian=np.str_("spectral")),
+    ]
+    for kw in settings:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            solver = PoissonSolver(g, **kw)
+            u = solver(f)
+        plain = PoissonSolver(
+            g,
+            **{
+                k: v
+                if isinstance(v, dict)
+                else (tuple(map(str, v)) if isinstance(v, tuple) else str(v))
+                for k, v in kw.items()
+            },
+        )
+        assert all(type(s) is str for s in (*solver.bc, solver.method, solver.cycle))
+        assert type(solver.compatibility) is str and type(solver.laplacian) is str
+        np.testing.assert_allclose(u, plain(f), rtol=0, atol=1e-14)

@@ -104,7 +104,10 @@ def normalise_bc(bc: Any, grid: Grid) -> tuple[str, ...]:
                 f"bc for axis {name} is 'periodic' but the grid has walls along {name}; "
                 f"use 'dirichlet' or 'neumann', or build the grid periodic on that axis"
             )
-    return out
+    # plain str: a NumPy string (np.str_, from an array of names or a file's attributes)
+    # kept in the solver's static fields made equinox warn "A JAX array is being set as
+    # static!"
+    return tuple(str(kind) for kind in out)
 
 
 def parity_of(bc: Sequence[str]) -> tuple[int, ...]:

@@ -264,15 +264,17 @@ class PoissonSolver(eqx.Module):
         if not (0 <= rtol < 1) or atol < 0 or rtol == atol == 0:
             raise ValueError(f"need 0 ≤ rtol < 1 and atol ≥ 0, not both 0; got {rtol}, {atol}")
         self.grid = grid
-        self.method = method
+        # plain str (as bc): a NumPy string in a static field made equinox warn "A JAX
+        # array is being set as static!"
+        self.method = str(method)
         self.mesh = mesh
         self.rtol = float(rtol)
         self.atol = float(atol)
         self.max_iterations = int(max_iterations)
-        self.cycle = cycle
+        self.cycle = str(cycle)
         self.smoothing = smoothing
-        self.compatibility = compatibility
-        self.laplacian = laplacian
+        self.compatibility = str(compatibility)
+        self.laplacian = str(laplacian)
         self.throw = bool(throw)
 
         if coefficient is not None:
