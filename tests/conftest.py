@@ -132,3 +132,18 @@ def signal_in_a_callback():
     """``signal_in_a_callback(signum)``: a signal raised where its handler's exception is
     unraisable (a weakref callback)."""
     return _signal_in_a_callback
+
+
+@pytest.fixture
+def drawn_figures(monkeypatch):
+    """The matplotlib figures that physjax's plotting draws, kept open for the test to look
+    at (physjax closes each one once its PNG is written), in the order drawn; closed when
+    the test ends, so that a worker does not keep them all."""
+    import matplotlib.pyplot as plt
+
+    close = plt.close
+    figures = []
+    monkeypatch.setattr(plt, "close", figures.append)
+    yield figures
+    for figure in figures:
+        close(figure)

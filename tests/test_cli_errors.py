@@ -798,18 +798,15 @@ def test_plot_colour_bar_of_values_that_share_their_first_digits_is_in_the_field
     assert _colour_scale(np.array([-1e-5, 1e-5]), "RdBu_r")[3] == -5
 
 
-def test_plot_of_a_file_of_other_variables_centres_a_signed_one_on_zero(tmp_path, monkeypatch):
+def test_plot_of_a_file_of_other_variables_centres_a_signed_one_on_zero(tmp_path, drawn_figures):
     """A file written with physjax.io.NetCDFWriter of other variables than a run's drew each
     on viridis from its least to its greatest value: a streamfunction of −1 to 5 m² s⁻¹ had
     no colour for zero, where ``--vars`` of the same file drew it on a diverging scale of
     ±5. Both now draw a signed field so; a field of one sign keeps viridis."""
-    import matplotlib.pyplot as plt
 
     from physjax.grids import Grid
     from physjax.io import NetCDFWriter, Variable
 
-    figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
     path = str(tmp_path / "m.h5")
     psi = np.linspace(-1.0, 5.0, 32, dtype=np.float32).reshape(4, 8)
     variables = [
@@ -822,20 +819,17 @@ def test_plot_of_a_file_of_other_variables_centres_a_signed_one_on_zero(tmp_path
     for vars_ in ([], ["--vars", "psi,T"]):
         assert main(["plot", path, "--output", str(tmp_path / "m.png"), *vars_]) == 0
         streamfunction, temperature = [
-            ax.collections[0] for ax in figures[-1].axes if ax.get_label() != "<colorbar>"
+            ax.collections[0] for ax in drawn_figures[-1].axes if ax.get_label() != "<colorbar>"
         ]
         assert streamfunction.get_clim() == (-5.0, 5.0) and streamfunction.cmap.name == "RdBu_r"
         assert temperature.get_clim() == (279.0, 285.0) and temperature.cmap.name == "viridis"
 
 
-def test_plot_of_a_3d_solve_reads_only_the_level_it_draws(tmp_path, monkeypatch):
+def test_plot_of_a_3d_solve_reads_only_the_level_it_draws(tmp_path, monkeypatch, drawn_figures):
     """`physjax plot` of a 3-D solve read every variable whole into memory to draw their
     middle z level (a 128³ float64 solve: 86 MB more than a 16³ one, 2 s longer; 512³
     would take 5 GB). It now reads that level alone, and draws and labels it as before."""
-    import matplotlib.pyplot as plt
-
-    figures, loaded = [], []
-    monkeypatch.setattr(plt, "close", figures.append)
+    figures, loaded = drawn_figures, []
     load = xr.Dataset.load
     monkeypatch.setattr(
         xr.Dataset, "load", lambda ds, **kw: loaded.append(dict(ds.sizes)) or load(ds, **kw)
@@ -901,41 +895,37 @@ def test_plot_title_says_when_the_run_did_not_end_as_asked(tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("case", ["gravity-wave", "wind-gyre"])
-def test_plot_panels_of_centre_and_corner_fields_show_the_same_domain(tmp_path, monkeypatch, case):
+def test_plot_panels_of_centre_and_corner_fields_show_the_same_domain(
+    tmp_path, drawn_figures, case
+):
     """The vorticity panel (ζ on the cell corners, drawn in cells centred on them) went from
     −Δ/2 to L − Δ/2, half a cell off the height panel beside it (0 to L), with other ticks;
     both now show the domain, a periodic axis drawn to L with its first corner again."""
-    import matplotlib.pyplot as plt
 
-    figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
     run = tmp_path / "w.h5"
     args = ["shallow-water", "--case", case, "--n", "16", "--t-end", "3000", "--quiet"]
     assert main([*args, "--output", str(run), "--plot", str(tmp_path / "w.png")]) == 0
     with xr.open_dataset(run, engine="h5netcdf") as ds:
         lx, ly = (float(ds.attrs[f"parameter_L{a}"]) / 1e3 for a in "xy")
         periodic = ds["x"].attrs["boundary"] == "periodic"
-    height, vorticity = [ax for ax in figures[-1].axes if ax.get_label() != "<colorbar>"]
+    height, vorticity = [ax for ax in drawn_figures[-1].axes if ax.get_label() != "<colorbar>"]
     for ax in (height, vorticity):
         assert ax.get_xlim() == pytest.approx((0, lx)) and ax.get_ylim() == pytest.approx((0, ly))
     corners = vorticity.collections[0].get_coordinates()  # the mesh's cell corners
     assert corners[..., 0].max() == pytest.approx(lx + lx / 32 if periodic else lx - lx / 32)
 
 
-def test_plot_panels_of_a_domain_four_times_as_wide_keep_its_proportions(tmp_path, monkeypatch):
+def test_plot_panels_of_a_domain_four_times_as_wide_keep_its_proportions(tmp_path, drawn_figures):
     """Whether a panel kept the domain's proportions (up to 4:1) was judged by the span of
     the field's points, a cell less than the domain at the cell centres: a 3 x 1 m solve of
     48 x 3 cells (centres 2.94 x 0.67 m apart, 4.4:1) had its panels stretched to squares,
     and a 4000 x 1000 km run of 32 x 8 cells drew the height so beside a 4:1 vorticity panel.
     The domain's extent decides now."""
-    import matplotlib.pyplot as plt
 
-    figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
     run = tmp_path / "p.h5"
     args = ["poisson", "--case", "dirichlet", "--nx", "48", "--ny", "3", "--lx", "3", "--quiet"]
     assert main([*args, "--output", str(run), "--plot", str(tmp_path / "p.png")]) == 0
-    panels = [ax for ax in figures[-1].axes if ax.get_label() != "<colorbar>"]
+    panels = [ax for ax in drawn_figures[-1].axes if ax.get_label() != "<colorbar>"]
     assert len(panels) == 3
     for ax in panels:
         assert ax.get_xlim() == pytest.approx((0, 3)) and ax.get_ylim() == pytest.approx((0, 1))
@@ -943,14 +933,11 @@ def test_plot_panels_of_a_domain_four_times_as_wide_keep_its_proportions(tmp_pat
 
 
 @pytest.mark.parametrize("command", ["shallow-water", "poisson"])
-def test_plot_of_a_grid_one_cell_wide_fills_the_domain(tmp_path, monkeypatch, command):
+def test_plot_of_a_grid_one_cell_wide_fills_the_domain(tmp_path, drawn_figures, command):
     """A run or solve with --nx 1 (a one-dimensional problem in y) drew blank panels: its one
     column of cells had no width, and the x axis spanned ±5 % of the one coordinate value.
     The column now spans the domain, 0 to Lx, on the centre and the face (corner) panels."""
-    import matplotlib.pyplot as plt
 
-    figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
     run, png = tmp_path / "w.h5", tmp_path / "w.png"
     if command == "shallow-water":
         args = ["shallow-water", "--case", "gravity-wave", "--t-end", "3000"]
@@ -961,7 +948,7 @@ def test_plot_of_a_grid_one_cell_wide_fills_the_domain(tmp_path, monkeypatch, co
     with xr.open_dataset(run, engine="h5netcdf") as ds:
         lx, ly = (float(ds.attrs[f"parameter_L{a}"]) for a in "xy")
     scale = 1e3 if max(lx, ly) >= 1e4 else 1.0
-    panels = [ax for ax in figures[-1].axes if ax.get_label() != "<colorbar>"]
+    panels = [ax for ax in drawn_figures[-1].axes if ax.get_label() != "<colorbar>"]
     assert len(panels) == (2 if command == "shallow-water" else 3)
     for ax in panels:
         assert ax.get_xlim() == pytest.approx((0, lx / scale))
@@ -1077,13 +1064,10 @@ def test_param_takes_the_numbers_that_dt_takes():
     assert _parse_param("boundary=no-slip") == ("boundary", "no-slip")
 
 
-def test_plot_vars_draws_the_variables_named(tmp_path, capsys, monkeypatch):
+def test_plot_vars_draws_the_variables_named(tmp_path, capsys, drawn_figures):
     """`physjax plot --vars` picks the panels (plot_panels' names, which the command had no
     way to give): one per name, in the order given, of a run and of a Poisson solve."""
-    import matplotlib.pyplot as plt
 
-    figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
     run, solve = tmp_path / "w.h5", tmp_path / "p.h5"
     assert main(["shallow-water", *FAST, "--output", str(run)]) == 0
     assert main(["poisson", "--n", "16", "--quiet", "--output", str(solve)]) == 0
@@ -1096,13 +1080,13 @@ def test_plot_vars_draws_the_variables_named(tmp_path, capsys, monkeypatch):
         png = tmp_path / "v.png"
         code, err = _error(capsys, ["plot", str(path), "--vars", given, "--output", str(png)])
         assert code == 0, err
-        panels = [ax for ax in figures[-1].axes if ax.get_label() != "<colorbar>"]
+        panels = [ax for ax in drawn_figures[-1].axes if ax.get_label() != "<colorbar>"]
         assert [ax.get_title().split(":")[0] for ax in panels] == drawn
         assert png.read_bytes()[:4] == b"\x89PNG"
         png.unlink()
     # without --vars: the height anomaly and vorticity, as before
     assert main(["plot", str(run), "--output", str(tmp_path / "d.png")]) == 0
-    titles = [ax.get_title() for ax in figures[-1].axes if ax.get_label() != "<colorbar>"]
+    titles = [ax.get_title() for ax in drawn_figures[-1].axes if ax.get_label() != "<colorbar>"]
     assert titles == ["height anomaly", "relative vorticity"]
 
 

@@ -24,17 +24,13 @@ def _poisson(tmp_path, *extra, name="p.h5"):
     return code, out
 
 
-def _plotted_figure(tmp_path, monkeypatch, *extra):
+def _plotted_figure(tmp_path, drawn_figures, *extra):
     """Run ``physjax poisson … --plot`` with ``extra`` and return the figure it drew (kept
-    from ``plt.close``) and that figure's renderer."""
-    import matplotlib.pyplot as plt
-
-    figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
+    open by the ``drawn_figures`` fixture) and that figure's renderer."""
     code, _ = _poisson(tmp_path, *extra, "--plot", str(tmp_path / "p.png"))
     assert code == 0
-    assert len(figures) == 1
-    return figures[-1], figures[-1].canvas.get_renderer()
+    assert len(drawn_figures) == 1
+    return drawn_figures[-1], drawn_figures[-1].canvas.get_renderer()
 
 
 def _fd_laplacian(u, spacing, bc):
@@ -490,21 +486,18 @@ def test_physjax_plot_draws_the_panels_of_the_solve(tmp_path, monkeypatch):
         titles.clear()
 
 
-def test_plot_of_a_long_channel_is_not_a_sliver(tmp_path, monkeypatch):
+def test_plot_of_a_long_channel_is_not_a_sliver(tmp_path, drawn_figures):
     """A 100 m by 1 m channel was drawn to scale, each panel a line a few pixels high with
     its y ticks on top of each other; a domain more than 4 times longer than wide now fills
     its panel (the ticks give the extents), a moderate one keeps its true proportions."""
-    import matplotlib.pyplot as plt
 
-    figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
     for n, lx, proportions in (("64", "100", False), ("16", "3", True)):
         code, out = _poisson(
             tmp_path, "--case", "dirichlet", "--nx", n, "--ny", "4", "--lx", lx, "--overwrite"
         )
         assert code == 0
         assert main(["plot", str(out), "--output", str(tmp_path / "p.png")]) == 0
-        panels = [ax for ax in figures[-1].axes if ax.get_label() != "<colorbar>"]
+        panels = [ax for ax in drawn_figures[-1].axes if ax.get_label() != "<colorbar>"]
         assert len(panels) == 3
         for ax in panels:
             box = ax.get_window_extent()
@@ -514,11 +507,11 @@ def test_plot_of_a_long_channel_is_not_a_sliver(tmp_path, monkeypatch):
                 assert box.height > 0.5 * box.width
 
 
-def test_plot_title_does_not_overlap_the_panel_titles(tmp_path, monkeypatch):
+def test_plot_title_does_not_overlap_the_panel_titles(tmp_path, drawn_figures):
     """The figure's title ("physjax poisson, …") was drawn over the two-line panel titles of
     a 3-D solve ("… at z = 1.12 m"): tight_layout left it no room; a failed run's two-line
     title came as close."""
-    fig, renderer = _plotted_figure(tmp_path, monkeypatch, "--n", "16", "--nz", "8", "--lz", "2")
+    fig, renderer = _plotted_figure(tmp_path, drawn_figures, "--n", "16", "--nz", "8", "--lz", "2")
     top = fig._suptitle.get_window_extent(renderer)
     panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
     assert len(panels) == 3
@@ -528,12 +521,12 @@ def test_plot_title_does_not_overlap_the_panel_titles(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("nx, ny, lx", [("32", "16", "2"), ("48", "16", "3"), ("8", "24", "0.333")])
-def test_plot_colour_bars_are_as_tall_as_their_panels(tmp_path, monkeypatch, nx, ny, lx):
+def test_plot_colour_bars_are_as_tall_as_their_panels(tmp_path, drawn_figures, nx, ny, lx):
     """A domain wider than about 2:1 keeps its true proportions in a short panel, but its
     colour bar was sized by the panel's slot: a bar up to twice the height of the field it
     keys, with blank space above and below the panel. Each bar now spans its panel exactly,
     beside it, and the figure is no taller than the panels need."""
-    fig, renderer = _plotted_figure(tmp_path, monkeypatch, "--nx", nx, "--ny", ny, "--lx", lx)
+    fig, renderer = _plotted_figure(tmp_path, drawn_figures, "--nx", nx, "--ny", ny, "--lx", lx)
     panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
     assert len(panels) == 3
     for ax in panels:
@@ -549,12 +542,12 @@ def test_plot_colour_bars_are_as_tall_as_their_panels(tmp_path, monkeypatch, nx,
     assert fig.bbox.height - used < 0.4 * fig.dpi
 
 
-def test_plot_of_a_tall_domain_leaves_no_blank_columns_between_its_panels(tmp_path, monkeypatch):
+def test_plot_of_a_tall_domain_leaves_no_blank_columns_between_its_panels(tmp_path, drawn_figures):
     """A domain 3 times taller than wide keeps its true proportions in a narrow panel, each
     left alone in a third of a 15.6-inch figure, blank columns of 3 inches between them;
     the figure is now as wide as the panels with their titles, labels and bars need."""
     fig, renderer = _plotted_figure(
-        tmp_path, monkeypatch, "--nx", "8", "--ny", "24", "--lx", "0.333"
+        tmp_path, drawn_figures, "--nx", "8", "--ny", "24", "--lx", "0.333"
     )
     panels = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
     boxes = [ax.get_tightbbox(renderer) for ax in panels]
@@ -564,23 +557,20 @@ def test_plot_of_a_tall_domain_leaves_no_blank_columns_between_its_panels(tmp_pa
         assert left.x1 < right.x0
 
 
-def test_plot_of_a_dimensionless_field_gives_its_power_of_ten_alone(tmp_path, monkeypatch):
+def test_plot_of_a_dimensionless_field_gives_its_power_of_ten_alone(tmp_path, drawn_figures):
     """The error of a solve (CF units "1", about 1e-3) was keyed "error [10⁻³ 1]", the 1
     read as a factor; a dimensionless field's bar now says "[10⁻³]" (and "[1]" without a
     power of ten), other units keep theirs, and a variable without units has no "[]"."""
-    import matplotlib.pyplot as plt
 
-    figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
     code, out = _poisson(tmp_path, "--n", "32", "--plot", str(tmp_path / "p.png"))
     assert code == 0
-    bars = [ax.collections[0].colorbar.ax.get_ylabel() for ax in figures[-1].axes]
+    bars = [ax.collections[0].colorbar.ax.get_ylabel() for ax in drawn_figures[-1].axes]
     assert bars[0] == "u [1]" and re.fullmatch(r"error \[\$10\^\{-\d\}\$\]", bars[2])
     assert bars[1].startswith("residual [$10^{-1") and bars[1].endswith("$ m$^{-2}$]")
     with h5py.File(out, "a") as h:
         del h["u"].attrs["units"]
     assert main(["plot", str(out), "--output", str(tmp_path / "q.png")]) == 0
-    assert figures[-1].axes[0].collections[0].colorbar.ax.get_ylabel() == "u"
+    assert drawn_figures[-1].axes[0].collections[0].colorbar.ax.get_ylabel() == "u"
 
 
 def test_plot_raises_the_powers_of_a_files_units():
@@ -1740,12 +1730,11 @@ def test_a_stopping_rule_given_to_a_spectral_solve_is_refused(tmp_path, capsys):
         assert (refusal.format(says) in err) if says else "direct solve" not in err, err
 
 
-def test_plot_help_texts_say_what_is_drawn_and_where(tmp_path, monkeypatch):
+def test_plot_help_texts_say_what_is_drawn_and_where(tmp_path, monkeypatch, drawn_figures):
     """`physjax poisson --help` said --plot draws "u, the residual and the error", but a solve
     of a --rhs (or with another --bc) has no error and draws f; `physjax plot --help` said
     the default --output is "next to the file", not which name it takes. Both say so now,
     and what they say is what is drawn and written."""
-    import matplotlib.pyplot as plt
 
     from physjax.cli import build_parser
 
@@ -1762,15 +1751,13 @@ def test_plot_help_texts_say_what_is_drawn_and_where(tmp_path, monkeypatch):
         helps["plot"]["output"]
         == "PNG to write (default: the file's name with .png, run.h5 -> run.png)"
     )
-    figures = []
-    monkeypatch.setattr(plt, "close", figures.append)
     code, out = _poisson(
         tmp_path, "--case", "dirichlet", "--bc", "neumann", "--n", "8", name="run.h5"
     )
     assert code == 0
     monkeypatch.chdir(tmp_path)
     assert main(["plot", "run.h5"]) == 0 and (tmp_path / "run.png").stat().st_size > 10_000
-    titles = [ax.get_title().split(":")[0] for ax in figures[-1].axes if ax.get_title()]
+    titles = [ax.get_title().split(":")[0] for ax in drawn_figures[-1].axes if ax.get_title()]
     assert titles == ["u", "residual", "f"]
 
 
