@@ -541,3 +541,27 @@ def test_mass_and_energy_of_a_sharded_state_gather_no_field():
         fn = jax.jit(lambda st, name=name: getattr(m, name)(st))
         assert not re.findall(r"\S+ all-gather\(", fn.lower(split).compile().as_text()), name
         assert float(fn(split)) == pytest.approx(float(getattr(m, name)(s)), rel=1e-14)
+
+
+@pytest.mark.multidevice
+@pytest.mark.parametrize("case", ["geostrophic-adjustment", "wind-gyre"])
+def test_a_sharded_step_exchanges_one_ghost_layer_per_field_and_stage(case):
+    """What docs/parallel.md says a sharded step sends: on a 2×2 mesh (periodic axes, or
+    walls), each of the three SSP-RK3 stages exchanges h, u and v once per split axis and
+    direction — at most 18 collective-permutes per axis, each one row or column of the
+    local block with its corners — and nothing else: no gather, no all-reduce in the loop."""
+    import re
+    from collections import Counter
+
+    c = make_case(case, nx=32, ny=32, precision="float64")
+    m, s = c.model, c.state
+    mesh = make_mesh((2, 2))
+    dt = float(m.max_stable_dt(s, 0.5))
+    advance = jax.jit(lambda st: m.advance(st, t0=0.0, dt=dt, n_steps=4, mesh=mesh))
+    text = advance.lower(s).compile().as_text()
+    sent = Counter(re.findall(r"= (\S+) collective-permute\(", text))
+    rows = sum(n for shape, n in sent.items() if shape.startswith("f64[1,18]"))
+    columns = sum(n for shape, n in sent.items() if shape.startswith("f64[16,1]"))
+    assert 0 < rows <= 18 and 0 < columns <= 18 and rows + columns == sum(sent.values()), sent
+    others = re.findall(r"\S+ (?:all-gather|all-reduce|all-to-all|reduce-scatter)\(", text)
+    assert not others, others
