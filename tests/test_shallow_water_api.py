@@ -1670,6 +1670,28 @@ def test_a_pid_controller_on_a_mesh_keeps_its_settings_and_reduces_in_place():
 
 
 @pytest.mark.multidevice
+def test_solve_diffrax_on_a_mesh_does_not_compile_again_for_new_tolerances(compilations):
+    """On a mesh the solve builds its own controller (with the in-place norm); its
+    tolerances must be arrays like those of one device's, or every new rtol of a tolerance
+    study compiles the whole solve again (16² float32 on 2×2: 4 s and 7 compilations a
+    call, 0.05 s once compiled)."""
+    from physjax.solvers._time_stepping import blockwise_rms_norm, default_controller
+
+    pid = default_controller(1e-3, 1e-6, norm=blockwise_rms_norm, dtype=jnp.float32)
+    assert isinstance(pid.rtol, jax.Array) and pid.rtol.dtype == jnp.float32
+    c = make_case("geostrophic-adjustment", nx=16, ny=16, precision="float32")
+    m, s = c.model, c.state
+    mesh, t1 = make_mesh((2, 2)), 4 * float(m.max_stable_dt(c.state, 0.5))
+    steps = [int(m.solve_diffrax(s, 0.0, t1, mesh=mesh, rtol=1e-3, atol=1e-6).stats["num_steps"])]
+    with compilations() as seen:
+        for rtol in (2e-3, 1e-5):
+            sol = m.solve_diffrax(s, 0.0, t1, mesh=mesh, rtol=rtol, atol=1e-6)
+            steps.append(int(sol.stats["num_steps"]))
+    assert seen == [], seen
+    assert steps[2] > steps[0], steps  # the tolerance acts
+
+
+@pytest.mark.multidevice
 def test_checking_the_frames_of_a_solve_on_a_mesh_gathers_no_frame():
     """After an eager ``solve_diffrax`` the saved frames are checked for NaN/Inf and a dry
     layer; each frame was flattened first (``reshape(n, -1)``), which on a mesh splitting
