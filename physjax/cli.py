@@ -23,6 +23,16 @@ from typing import Any
 
 import numpy as np
 
+#: The shallow-water cases' names, in the order of ``physjax.solvers.shallow_water.CASES``
+#: (a test keeps the two alike): the parser lists them without importing the solvers and jax.
+SW_CASE_NAMES = (
+    "geostrophic-adjustment",
+    "zonal-jet",
+    "barotropic-instability",
+    "gravity-wave",
+    "wind-gyre",
+)
+
 #: Settings a run subcommand accepts (also the keys allowed at the top of a config file).
 RUN_KEYS = (
     "case",
@@ -1627,8 +1637,6 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .solvers.shallow_water._cases import CASES as SW_CASES
-
     parser = _Parser(prog="physjax", description=__doc__.split("\n")[0].replace("``", ""))
     parser.add_argument("--version", action="version", version=f"physjax {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1638,7 +1646,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a rotating shallow-water case",
         description="Run a rotating shallow-water case on the C-grid.",
     )
-    add_run_options(sw, list(SW_CASES), "geostrophic-adjustment")
+    add_run_options(sw, list(SW_CASE_NAMES), "geostrophic-adjustment")
     sw.add_argument(
         "--no-plot",
         dest="no_plot",
@@ -1793,13 +1801,21 @@ def run_command(argv: list[str] | None = None) -> None:
     sys.exit(code)
 
 
+def _raised_by(module: str, *names: str) -> tuple[type[BaseException], ...]:
+    """The exception classes `names` of physjax's `module` (``"_runner"``), or none if the
+    command has not imported it (it cannot have raised them then). ``except`` evaluates
+    this only when an exception reaches it, so that a command needing neither the solvers
+    nor the output files (``--help``, a bad option, ``plot``) does not import them, and
+    jax, for its error handling."""
+    loaded = sys.modules.get(f"{__package__}.{module}")
+    return () if loaded is None else tuple(getattr(loaded, name) for name in names)
+
+
 def _main(argv: list[str] | None) -> int:
-    try:  # a Ctrl-C while the parser imports the solvers (a second or so): nothing to keep
+    try:  # a Ctrl-C while the parser is built: nothing to keep
         parser = build_parser()
         args = parser.parse_args(argv)
         from ._memory import tune_cpu_allocator
-        from ._runner import RunInterrupted, SimulationBlewUp
-        from .io import OutputRemoved, OutputSpaceError
 
         tune_cpu_allocator()  # reuse large freed buffers; PHYSJAX_NO_ALLOCATOR_TUNING=1 to skip
     except KeyboardInterrupt:
@@ -1808,7 +1824,7 @@ def _main(argv: list[str] | None) -> int:
 
     try:
         return args.func(args)
-    except SimulationBlewUp as e:
+    except _raised_by("_runner", "SimulationBlewUp") as e:
         notes = "".join(f"\n{note}" for note in getattr(e, "__notes__", ()))  # the plot drawn
         _note(f"physjax {args.command}: {e}{notes}")
         return 3
@@ -1818,10 +1834,10 @@ def _main(argv: list[str] | None) -> int:
         notes = "".join(f"\n{note}" for note in getattr(e, "__notes__", ()))  # where a run stopped
         _note(f"physjax {args.command}: error: {e}{_config_hint(args, str(e))}{notes}")
         return 2
-    except RunInterrupted as e:
+    except _raised_by("_runner", "RunInterrupted") as e:
         _note(f"physjax {args.command}: {e}")
         return 130
-    except (OutputSpaceError, OutputRemoved) as e:
+    except _raised_by("io._netcdf", "OutputSpaceError", "OutputRemoved") as e:
         _note(f"physjax {args.command}: error: {e}")
         return 1
     except KeyboardInterrupt as e:

@@ -1547,3 +1547,36 @@ def test_a_ctrl_c_while_the_allocator_is_tuned_ends_with_one_line(tmp_path, caps
     assert code == 130, err
     assert err.strip().splitlines() == ["physjax: interrupted"]
     assert os.listdir(tmp_path) == []
+
+
+def test_shallow_water_case_names_are_the_registry_s():
+    """The parser lists the cases from a plain tuple (no solver import): it must name every
+    registered case, in the registry's order."""
+    from physjax.cli import SW_CASE_NAMES
+    from physjax.solvers.shallow_water import CASES
+
+    assert SW_CASE_NAMES == tuple(CASES)
+
+
+def test_help_and_bad_options_do_not_import_jax():
+    """``physjax --help``, a sub-command's help and an option nobody knows are answered by
+    the parser alone: neither jax nor the file libraries are imported (they took ~2 s)."""
+    import subprocess
+
+    code = """
+import contextlib, io, sys
+from physjax.cli import main
+for argv in (["--help"], ["--version"], ["shallow-water", "--help"], ["poisson", "--help"],
+             ["plot", "--help"], ["shallow-water", "--nxx", "3"], ["poisson", "--nxx", "3"],
+             ["plot"]):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        try:
+            main(argv)
+        except SystemExit:
+            pass
+heavy = ("jax", "equinox", "diffrax", "h5py", "h5netcdf", "xarray", "matplotlib")
+print(sorted(m for m in heavy if m in sys.modules))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
