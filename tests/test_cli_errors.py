@@ -1580,3 +1580,29 @@ print(sorted(m for m in heavy if m in sys.modules))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_plot_does_not_import_jax(tmp_path):
+    """``physjax plot FILE`` reads and draws with h5py, xarray and matplotlib: the output
+    module imported the grids, and with them jax (~1.7 s of a ~4 s plot)."""
+    import subprocess
+
+    from physjax.grids import Grid
+    from physjax.io import NetCDFWriter, Variable
+
+    path = str(tmp_path / "m.h5")
+    h = np.linspace(-1.0, 5.0, 32, dtype=np.float32).reshape(4, 8)
+    variables = [Variable("h", ("centre", "centre"), "m", "height")]
+    writer = NetCDFWriter(path, Grid((4, 8), (1.0, 2.0)), variables, attrs={"case": "mine"})
+    writer.append(0.0, 0, {"h": h})
+    writer.finish()
+    code = f"""
+import sys
+from physjax.cli import main
+assert main(["plot", {path!r}, "--output", {str(tmp_path / "m.png")!r}]) == 0
+print(sorted(m for m in ("jax", "equinox", "diffrax") if m in sys.modules))
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"  # after the "wrote m.png" line
+    assert (tmp_path / "m.png").is_file()

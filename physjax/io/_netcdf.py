@@ -41,16 +41,17 @@ import os
 import secrets
 import shutil
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import h5netcdf
 import h5py
 import numpy as np
 
 from .. import __version__
-from ..grids import Grid, Stagger
-from ..grids._grid import check_location
 from ._reading import LOCKS_UNSUPPORTED, error_text, hidden_beside, locks_unsupported
+
+if TYPE_CHECKING:  # reading a file (physjax plot) needs neither the grids nor jax
+    from ..grids import Grid, Stagger
 
 STATUS_RUNNING = "running"
 STATUS_COMPLETE = "complete"
@@ -205,6 +206,8 @@ class Variable:
 
 
 def _dims(grid: Grid, location: Sequence[Stagger]) -> tuple[str, ...]:
+    from ..grids._grid import check_location
+
     location = check_location(location, grid.ndim, "Variable.location")
     return tuple(
         name if s == "centre" else f"{name}_f" for name, s in zip(grid.axis_names, location)
@@ -390,6 +393,9 @@ class NetCDFWriter:
         _create: bool = True,
         _z_positive: str = "up",
     ):
+        from ..grids import Grid
+        from ..grids._grid import check_location
+
         self.path = os.fspath(path)
         # arguments of the wrong kind failed later with an AttributeError naming none of them
         if not isinstance(grid, Grid):
