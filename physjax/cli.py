@@ -1022,18 +1022,6 @@ def _run_shallow_water(
     no_plot: bool,
     out,
 ) -> dict:
-    from .io import (
-        STATUS_INTERRUPTED,
-        STATUS_STOPPED,
-        NetCDFWriter,
-        OutputSpaceError,
-        check_writable,
-        output_lock,
-        read_attrs,
-        read_frame,
-    )
-    from .solvers.shallow_water import CASES
-
     out = sys.stdout if out is None else out
     settings = dict(settings)
     given_as = settings.pop("_given_as", None) or {}
@@ -1066,6 +1054,9 @@ def _run_shallow_water(
                 f"--resume: {output!r} is not a regular file (a device, pipe or socket), so "
                 f"holds no run to continue; give the run's file as --output"
             )
+        from .io import output_lock, read_attrs
+        from .solvers.shallow_water import CASES
+
         held.enter_context(output_lock(output))
         try:  # no physjax run writes it (the lock is held): an error that lasts
             attrs = read_attrs(output)
@@ -1114,8 +1105,10 @@ def _run_shallow_water(
     # an empty string is not "no setting": it is refused below like any unknown value
     case_name = settings.get("case")
     case_name = "geostrophic-adjustment" if case_name is None else case_name
-    if case_name not in CASES:
-        raise ValueError(f"--case: unknown case {case_name!r}; choose one of {', '.join(CASES)}")
+    if case_name not in SW_CASE_NAMES:  # a mistyped setting is answered before any import
+        raise ValueError(
+            f"--case: unknown case {case_name!r}; choose one of {', '.join(SW_CASE_NAMES)}"
+        )
     precision = settings.get("precision")
     precision = "float32" if precision is None else precision
     devices = _devices_setting(settings.get("devices"))
@@ -1123,6 +1116,18 @@ def _run_shallow_water(
     for key in ("nx", "ny"):
         if settings.get(key) is not None:
             kw[key] = _positive_number(f"--{key}", settings[key], integer=True)
+    from .io import (
+        STATUS_INTERRUPTED,
+        STATUS_STOPPED,
+        NetCDFWriter,
+        OutputSpaceError,
+        check_writable,
+        output_lock,
+        read_attrs,
+        read_frame,
+    )
+    from .solvers.shallow_water import CASES
+
     shape = CASES[case_name].shape
     _check_devices_divide(devices, (kw.get("ny", shape[0]), kw.get("nx", shape[1])))
     setup_jax(precision, devices)

@@ -1606,3 +1606,33 @@ print(sorted(m for m in ("jax", "equinox", "diffrax") if m in sys.modules))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "[]"  # after the "wrote m.png" line
     assert (tmp_path / "m.png").is_file()
+
+
+def test_a_bad_shallow_water_setting_is_answered_without_importing_jax():
+    """``physjax shallow-water --nx -4`` (or an unknown case, a bad ``--devices``) is
+    refused by checks that need no solver: jax and h5py are imported only for a run whose
+    settings passed them (the refusal took ~2 s)."""
+    import subprocess
+
+    code = """
+import contextlib, io, sys
+from physjax.cli import main
+errors = io.StringIO()
+for argv in (["--nx", "-4"], ["--case", "nope"], ["--devices", "0"], ["--max-frames", "0"]):
+    with contextlib.redirect_stderr(errors):
+        assert main(["shallow-water", *argv]) == 2
+heavy = ("jax", "equinox", "diffrax", "h5py", "h5netcdf", "physjax.solvers")
+print(sorted(m for m in heavy if m in sys.modules))
+print(errors.getvalue(), file=sys.stderr)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+    assert done.stderr.splitlines()[:4] == [
+        "physjax shallow-water: error: --nx must be a positive integer, got -4",
+        "physjax shallow-water: error: --case: unknown case 'nope'; choose one of "
+        "geostrophic-adjustment, zonal-jet, barotropic-instability, gravity-wave, wind-gyre",
+        "physjax shallow-water: error: --devices takes a count like 4 or a layout like 2x2 of "
+        "positive integers, got '0'",
+        "physjax shallow-water: error: --max-frames must be a positive integer, got 0",
+    ]
