@@ -1711,3 +1711,67 @@ def test_checking_the_frames_of_a_solve_on_a_mesh_gathers_no_frame():
     bad, dry = _bad_saved_frames(ts, frames)
     assert bad.tolist() == [False, True, False, False, False]
     assert dry.tolist() == [False, False, False, True, False]
+
+
+class _RecordingNumpy:
+    """numpy, with ``asarray``/``array`` recording the arrays they are given (by id)."""
+
+    def __init__(self, watched):
+        self.watched = {id(a): name for name, a in watched.items()}
+        self.read = []
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    def asarray(self, a, *args, **kwargs):
+        if id(a) in self.watched:
+            self.read.append(self.watched[id(a)])
+        return np.asarray(a, *args, **kwargs)
+
+    array = asarray
+
+
+def test_state_checks_read_scalars_not_fields(monkeypatch):
+    # run, advance, max_stable_dt and check_dt checked the state by copying h, u and v
+    # whole to the host (3 × 64 MB at 4096² float32, and impossible for arrays spread
+    # over the processes of a multi-host run); they now bring back a few scalars
+    from physjax.solvers.shallow_water import _model
+
+    c = make_case("wind-gyre", nx=16, ny=16, precision="float32")
+    m, s = c.model, c.state
+    rec = _RecordingNumpy({"h": s.h, "u": s.u, "v": s.v})
+    monkeypatch.setattr(_model, "np", rec)
+    dt = m.max_stable_dt(s, 0.5)
+    m.check_dt(s, dt)
+    m.advance(s, t0=0.0, dt=dt, n_steps=1)
+    m.run(s, dt=dt, n_steps=1)
+    assert rec.read == []
+    monkeypatch.undo()
+    # and the messages keep their counts and values
+    bad = ShallowWaterState(h=s.h.at[1:3, 2].set(jnp.inf), u=s.u.at[0, 0].set(jnp.nan), v=s.v)
+    with pytest.raises(ValueError, match=r"^state\.h must be finite everywhere, got 2 NaN/Inf"):
+        m.check_dt(bad, dt)
+    dry = ShallowWaterState(h=s.h.at[3, 3].set(-0.25), u=s.u, v=s.v)
+    with pytest.raises(ValueError, match=r"got a minimum of -0\.25 m$"):
+        m.run(dry, dt=dt, n_steps=1)
+    leak = ShallowWaterState(h=s.h, u=s.u.at[5, 0].set(-0.125), v=s.v)
+    with pytest.raises(ValueError, match=r"got max \|u\[:, 0\]\| = 0\.125 m/s"):
+        m.run(leak, dt=dt, n_steps=1)
+
+
+def test_state_check_reduction_on_a_mesh_all_reduces_scalars_only():
+    # on a 2×2 mesh the check's reduction must not gather a field, nor a wall row
+    from physjax.solvers.shallow_water import _model
+
+    c = make_case("wind-gyre", nx=16, ny=16, precision="float32")
+    s = shard(c.state, c.model.grid, make_mesh((2, 2)))
+    for f in (_model._state_extremes, _model._nonfinite_counts):
+        hlo = f.lower(s.h, s.u, s.v).compile().as_text()
+        assert "all-gather" not in hlo and "all-to-all" not in hlo
+        reduced = re.findall(r"= (\S+(?: \S+)*?) all-reduce\(", hlo)
+        assert reduced
+        assert all(re.search(r"\[\d", r) is None for r in reduced), reduced
+    c.model.check_dt(s, c.model.max_stable_dt(s, 0.5))
+    before = _model._state_extremes._cache_size()
+    c.model.check_dt(s, c.model.max_stable_dt(s, 0.5))
+    assert _model._state_extremes._cache_size() == before  # compiled once per shape/sharding

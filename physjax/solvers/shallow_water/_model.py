@@ -176,6 +176,51 @@ def _check_field_values(name: str, value, grid: Grid) -> np.ndarray | None:
     return arr
 
 
+@jax.jit
+def _state_extremes(h, u, v):
+    # NaN propagates through min/max and ±Inf is an extreme: all six are finite exactly
+    # when the fields are. The wall rows are picked by a mask, not a slice: on a mesh a
+    # slice of a sharded axis is all-reduced whole, a masked maximum as one scalar
+    au, av = jnp.abs(u), jnp.abs(v)
+    west = jax.lax.broadcasted_iota(jnp.int32, u.shape, 1) == 0
+    south = jax.lax.broadcasted_iota(jnp.int32, v.shape, 0) == 0
+    zero = jnp.zeros((), u.dtype)
+    return {
+        "h_min": jnp.min(h),
+        "h_max": jnp.max(h),
+        "u_max": jnp.max(au),
+        "v_max": jnp.max(av),
+        "wall_u": jnp.max(jnp.where(west, au, zero)),
+        "wall_v": jnp.max(jnp.where(south, av, zero)),
+    }
+
+
+@jax.jit
+def _nonfinite_counts(h, u, v):
+    return {
+        f"bad_{k}": jnp.sum(~jnp.isfinite(a), dtype=jnp.int32) for k, a in zip("huv", (h, u, v))
+    }
+
+
+def _state_stats(h, u, v) -> dict[str, np.ndarray]:
+    """The scalars that ``ShallowWater._check_state`` and ``max_stable_dt`` need of a state
+    with values: min and max of ``h``, max ``|u|`` and ``|v|``, max ``|u[:, 0]|`` and
+    ``|v[0, :]|`` (the flow through the west and south walls) and, only when one of these
+    is not finite, the count of NaN/Inf in each field (``bad_h``, ``bad_u``, ``bad_v``;
+    0 otherwise). Reduced by compiled functions (one compilation per shape, dtype and
+    sharding; on a mesh each device reduces its block and only scalars are all-reduced), so
+    that a check copies a few scalars to the host, not the fields (which a process of a
+    multi-host run could not read whole)."""
+    # evaluated now also when called while tracing (a concrete state closed over by ``jit``)
+    with jax.ensure_compile_time_eval():
+        stats = jax.device_get(_state_extremes(h, u, v))
+        if all(np.isfinite(x) for x in stats.values()):
+            stats.update(bad_h=0, bad_u=0, bad_v=0)
+        else:
+            stats.update(jax.device_get(_nonfinite_counts(h, u, v)))
+    return stats
+
+
 def _check_time(name: str, value, *, positive: bool = False, unit: str = "seconds") -> float | None:
     """A time [s] (or other number) as a float (``None`` when traced), refusing anything but
     one finite real number (> 0 when ``positive``): Python or NumPy scalars and 0-d arrays are
@@ -735,8 +780,9 @@ class ShallowWater(eqx.Module):
         """Refuse a state that is not a ``ShallowWaterState`` of real fields of the grid's shape
         and the model's dtype (checked before anything compiles, also on tracers), or, when it
         has values (and ``values``), one with NaN/Inf, (``thickness``) a thickness that is not
-        positive, or (``walls``) normal flow through a wall. Returns the fields as NumPy arrays
-        when they have values."""
+        positive, or (``walls``) normal flow through a wall. Returns, when they have values,
+        the few scalars the checks need (see ``_state_stats``) as NumPy scalars: the fields
+        are reduced on their devices, never copied to the host."""
         self._check_parameters(values=values)
         if not isinstance(state, ShallowWaterState):
             raise TypeError(
@@ -761,15 +807,16 @@ class ShallowWater(eqx.Module):
                 )
         if not values or not all(is_concrete(getattr(state, k)) for k in ("h", "u", "v")):
             return None
-        fields = {k: np.asarray(getattr(state, k)) for k in ("h", "u", "v")}
-        for k, a in fields.items():
-            bad = int(a.size - np.count_nonzero(np.isfinite(a)))
+        # reduced on the device: only these scalars come to the host, never the fields
+        stats = _state_stats(state.h, state.u, state.v)
+        for k in ("h", "u", "v"):
+            bad = int(stats[f"bad_{k}"])
             if bad:
                 raise ValueError(f"state.{k} must be finite everywhere, got {bad} NaN/Inf value(s)")
-        if thickness and not fields["h"].min() > 0:
+        if thickness and not stats["h_min"] > 0:
             raise ValueError(
                 f"state.h (layer thickness) must be > 0 everywhere, got a minimum of "
-                f"{float(fields['h'].min()):g} m"
+                f"{float(stats['h_min']):g} m"
             )
         if walls:
             for k, axis, where, index in (
@@ -778,14 +825,14 @@ class ShallowWater(eqx.Module):
             ):
                 if g.periodic[axis]:
                     continue
-                normal = np.take(fields[k], 0, axis=axis)
-                if np.any(normal != 0):
+                normal = stats[f"wall_{k}"]
+                if normal != 0:
                     raise ValueError(
                         f"state.{k} must be 0 on the {where}: {index} is the velocity through "
-                        f"the wall, got max |{index}| = {float(np.abs(normal).max()):g} m/s; "
+                        f"the wall, got max |{index}| = {float(normal):g} m/s; "
                         f"build the state with model.initial_state(h, u, v), which sets it to 0"
                     )
-        return fields
+        return stats
 
     def _check_parameters(self, *, values: bool = True) -> None:
         """The constructor's checks of the physical constants (on their values when they have
@@ -869,8 +916,8 @@ class ShallowWater(eqx.Module):
         if fields is None or not self._parameters_concrete() or not is_concrete(cfl):
             model = self._in_grid_dtype()
             return model._max_stable_dt_traced(state, cfl, inv, limit, damping)
-        depth = float(np.max(fields["h"]))
-        speed = float(np.maximum(np.max(np.abs(fields["u"])), np.max(np.abs(fields["v"]))))
+        depth = float(fields["h_max"])
+        speed = float(max(fields["u_max"], fields["v_max"]))
         c = math.sqrt(float(self.gravity) * depth) + speed
         dt = limit / (2 * c * inv)
         f = abs(float(self.coriolis)) + abs(float(self.beta)) * g.extent[0] / 2
