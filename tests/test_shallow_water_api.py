@@ -1775,3 +1775,35 @@ def test_state_check_reduction_on_a_mesh_all_reduces_scalars_only():
     before = _model._state_extremes._cache_size()
     c.model.check_dt(s, c.model.max_stable_dt(s, 0.5))
     assert _model._state_extremes._cache_size() == before  # compiled once per shape/sharding
+
+
+def test_parameter_field_checks_read_scalars_not_fields(monkeypatch):
+    # every run, advance, max_stable_dt and check_dt checked bottom and wind_stress by
+    # copying them whole to the host (np.asarray), three times per run call
+    from physjax.solvers.shallow_water import _model
+
+    c = make_case("wind-gyre", nx=16, ny=16, precision="float32")
+    m, s = c.model, c.state
+    m = eqx.tree_at(
+        lambda m: m.bottom,
+        m,
+        jnp.full(m.grid.shape, 0.5, m.grid.dtype),
+        is_leaf=lambda x: x is None,
+    )
+    tx, ty = m.wind_stress
+    rec = _RecordingNumpy({"bottom": m.bottom, "tau_x": tx, "tau_y": ty})
+    monkeypatch.setattr(_model, "np", rec)
+    dt = m.max_stable_dt(s, 0.5)
+    m.check_dt(s, dt)
+    m.run(s, dt=dt, n_steps=1)
+    assert rec.read == []
+    monkeypatch.undo()
+    bad = eqx.tree_at(lambda m: m.bottom, m, m.bottom.at[2:5, 1].set(jnp.nan))
+    with pytest.raises(ValueError, match=r"^bottom must be finite everywhere, got 3 NaN/Inf"):
+        bad.run(s, dt=dt, n_steps=1)
+    # on a 2×2 mesh the reduction all-reduces scalars only
+    tau = shard(tx, m.grid, make_mesh((2, 2)))
+    hlo = _model._field_value_stats.lower(tau, dtype=np.dtype("float32")).compile().as_text()
+    reduced = re.findall(r"= (\S+(?: \S+)*?) all-reduce\(", hlo)
+    assert "all-gather" not in hlo and reduced
+    assert all(re.search(r"\[\d", r) is None for r in reduced), reduced

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 from typing import Literal
@@ -153,27 +154,51 @@ def _check_scalar(name: str, value, *, low: str | None = None, dtype=None):
             )
 
 
-def _check_field_values(name: str, value, grid: Grid) -> np.ndarray | None:
-    """Refuse a field that is not real numbers of the grid's shape, or (when it has a value)
-    that holds NaN/Inf; returns it as a NumPy array when it has a value."""
-    arr = _real_dtype_or_raise(
-        name, value, f"real numbers on the grid, shape (ny, nx)={grid.shape}"
+@functools.partial(jax.jit, static_argnames="dtype")
+def _field_value_stats(a, dtype):
+    held = a.astype(dtype)
+    return (
+        jnp.sum(~jnp.isfinite(a), dtype=jnp.int32),
+        jnp.sum(~jnp.isfinite(held), dtype=jnp.int32),
+        jnp.min(held),
     )
-    _check_field(name, value if arr is None else arr, grid)
-    if arr is not None:
+
+
+def _check_field_values(name: str, value, grid: Grid) -> float | None:
+    """Refuse a field that is not real numbers of the grid's shape, or (when it has a value)
+    that holds NaN/Inf, also once cast to the grid's dtype; returns its least value in that
+    dtype when it has a value. A JAX array is reduced where it lives (one compiled function
+    per shape, dtype and sharding): only three scalars come to the host, not the field."""
+    what = f"real numbers on the grid, shape (ny, nx)={grid.shape}"
+    if isinstance(value, jax.Array) and is_concrete(value):
+        kind = np.dtype(value.dtype).kind
+        if kind not in "iuf":
+            kind = {"c": "complex", "b": "boolean"}.get(kind, f"dtype {value.dtype}")
+            raise TypeError(f"{name} must be {what}, got {kind} values: {_describe(value)}")
+        _check_field(name, value, grid)
+        # evaluated now also while tracing (a concrete field closed over by ``jit``)
+        with jax.ensure_compile_time_eval():
+            stats = _field_value_stats(value, np.dtype(grid.dtype))
+            bad, bad_held, least = (x.item() for x in jax.device_get(stats))
+    else:
+        arr = _real_dtype_or_raise(name, value, what)
+        _check_field(name, value if arr is None else arr, grid)
+        if arr is None:
+            return None
         bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
-        if bad:
-            raise ValueError(f"{name} must be finite everywhere, got {bad} NaN/Inf value(s)")
         # checked again as the model will hold it: a finite float64 value can overflow
         with np.errstate(over="ignore"):
             arr = arr.astype(grid.dtype)
-        bad = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
-        if bad:
-            raise ValueError(
-                f"{name} must be finite everywhere in the grid's dtype {grid.dtype}, got "
-                f"{bad} value(s) beyond its range (|x| > {np.finfo(grid.dtype).max:.3g})"
-            )
-    return arr
+        bad_held = int(np.size(arr) - np.count_nonzero(np.isfinite(arr)))
+        least = arr.min() if arr.size else None
+    if bad:
+        raise ValueError(f"{name} must be finite everywhere, got {bad} NaN/Inf value(s)")
+    if bad_held:
+        raise ValueError(
+            f"{name} must be finite everywhere in the grid's dtype {grid.dtype}, got "
+            f"{bad_held} value(s) beyond its range (|x| > {np.finfo(grid.dtype).max:.3g})"
+        )
+    return least
 
 
 @jax.jit
@@ -457,15 +482,15 @@ class ShallowWater(eqx.Module):
         numbers of the grid's shape, holds NaN/Inf, or the thickness is not positive (values
         are checked when they have them, also inside ``jit`` for arrays closed over)."""
         g = self.grid
-        # Checked on the values as given (NumPy), so that this also works inside jit on
-        # arrays that have a value (jnp operations there return tracers).
+        # Checked on the values as given (NumPy arrays and lists on the host, JAX arrays
+        # reduced on their devices, now also inside jit on arrays that have a value).
         for name, f in (("h", h), ("u", u), ("v", v)):
             if f is not None:
-                arr = _check_field_values(name, f, g)
-                if name == "h" and arr is not None and not arr.min() > 0:
+                least = _check_field_values(name, f, g)
+                if name == "h" and least is not None and not least > 0:
                     raise ValueError(
                         f"layer thickness h must be > 0 everywhere (mean depth and anomalies), "
-                        f"got a minimum of {float(arr.min()):g} m in {g.dtype}"
+                        f"got a minimum of {float(least):g} m in {g.dtype}"
                     )
         h = jnp.asarray(h, dtype=g.dtype)
         u = jnp.zeros(g.shape, g.dtype) if u is None else jnp.asarray(u, dtype=g.dtype)
