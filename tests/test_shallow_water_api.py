@@ -1807,3 +1807,25 @@ def test_parameter_field_checks_read_scalars_not_fields(monkeypatch):
     reduced = re.findall(r"= (\S+(?: \S+)*?) all-reduce\(", hlo)
     assert "all-gather" not in hlo and reduced
     assert all(re.search(r"\[\d", r) is None for r in reduced), reduced
+
+
+def test_check_dt_and_run_reduce_the_state_once(monkeypatch):
+    # check_dt reduced the state twice (its own check, then max_stable_dt's) and run three
+    # times (run, check_dt, max_stable_dt): each a pass over h, u and v
+    from physjax.solvers.shallow_water import _model
+
+    c = make_case("wind-gyre", nx=16, ny=16, precision="float32")
+    m, s = c.model, c.state
+    dt = m.max_stable_dt(s, 0.5)
+    calls = []
+    reduce = _model._state_stats
+    monkeypatch.setattr(_model, "_state_stats", lambda *a: calls.append(1) or reduce(*a))
+    m.check_dt(s, dt)
+    assert len(calls) == 1
+    m.run(s, dt=dt, n_steps=1)
+    assert len(calls) == 2
+    # the limit is the same as max_stable_dt's
+    limit = m.max_stable_dt(s)
+    m.check_dt(s, limit)
+    with pytest.raises(ValueError, match=r"breaks the CFL stability limit"):
+        m.run(s, dt=limit * 1.01, n_steps=1)

@@ -941,6 +941,15 @@ class ShallowWater(eqx.Module):
         if fields is None or not self._parameters_concrete() or not is_concrete(cfl):
             model = self._in_grid_dtype()
             return model._max_stable_dt_traced(state, cfl, inv, limit, damping)
+        return self._stable_dt_of(fields, float(cfl))
+
+    def _stable_dt_of(self, fields: dict[str, np.ndarray], cfl: float) -> float:
+        """``max_stable_dt`` from the scalars ``_check_state`` returned, in Python floats
+        (the state and parameters have values)."""
+        g = self.grid
+        inv = math.sqrt(1 / g.dx**2 + 1 / g.dy**2)
+        limit = SCHEMES[self.scheme][2]
+        damping = DAMPING_LIMITS[self.scheme]
         depth = float(fields["h_max"])
         speed = float(max(fields["u_max"], fields["v_max"]))
         c = math.sqrt(float(self.gravity) * depth) + speed
@@ -953,7 +962,7 @@ class ShallowWater(eqx.Module):
         damping_rate = r + 4 * nu * inv**2  # the most negative real eigenvalue
         if damping_rate > 0:
             dt = min(dt, damping / damping_rate)
-        return float(cfl) * dt
+        return cfl * dt
 
     def _max_stable_dt_traced(self, state, cfl, inv, limit, damping):
         """``max_stable_dt`` in jnp operations, for traced state or parameters."""
@@ -979,10 +988,14 @@ class ShallowWater(eqx.Module):
         while the state, ``dt`` or a parameter it needs is traced (inside ``jit``, ``grad``,
         ``vmap``): it has no value to compare then."""
         value = _check_time("dt", dt, positive=True)
-        fields = self._check_state(state, walls=False)
+        self._check_dt(value, self._check_state(state, walls=False))
+
+    def _check_dt(self, value: float | None, fields: dict[str, np.ndarray] | None) -> None:
+        """``check_dt`` of ``dt`` (``_check_time``'s float) on the scalars of a state that
+        ``_check_state`` passed (``None`` when traced): the state is reduced once."""
         if value is None or fields is None or not self._parameters_concrete():
             return
-        limit = self.max_stable_dt(state)
+        limit = self._stable_dt_of(fields, 1.0)
         # the limit itself in the model's dtype (rounded up, or computed under jit in its
         # arithmetic) is not a step above it
         if value > limit * (1 + 8 * np.finfo(self.grid.dtype).eps):
@@ -1045,14 +1058,15 @@ class ShallowWater(eqx.Module):
         """
         if not isinstance(throw, (bool, np.bool_)):
             raise TypeError(f"throw must be True or False, got {throw!r}")
-        self._check_state(state)
+        fields = self._check_state(state)
         save_every = n_steps if save_every is None else save_every
         _check_counts(n_steps, save_every)
         n_steps, save_every = int(n_steps), int(save_every)
         a = _check_time("t0", t0)
         if mesh is not None:
             self.check_mesh(mesh)
-        self.check_dt(state, dt)
+        # check_dt on the scalars of the state checked above, not reduced again
+        self._check_dt(_check_time("dt", dt, positive=True), fields)
         n_frames = n_steps // save_every
         dtype = self.grid.dtype
         if a is not None and is_concrete(dt):
