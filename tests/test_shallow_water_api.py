@@ -1829,3 +1829,53 @@ def test_check_dt_and_run_reduce_the_state_once(monkeypatch):
     m.check_dt(s, limit)
     with pytest.raises(ValueError, match=r"breaks the CFL stability limit"):
         m.run(s, dt=limit * 1.01, n_steps=1)
+
+
+def test_failed_solve_reads_the_dry_frame_s_least_h_not_the_frame(monkeypatch):
+    # after an eager solve_diffrax failed, the message's "min ... m" of the dry frame was
+    # np.nanmin of the frame copied whole to the host (np.asarray of ys.h[k]); it is now
+    # reduced where the frames live, with the same value in the same message
+    from physjax.solvers.shallow_water import _model
+
+    g = Grid((16, 24), (1.6e6, 3.0e6), periodic=(False, True))
+    _, x = g.mesh_coordinates(("centre", "centre"))
+    m = ShallowWater(g, coriolis=0.0)
+    s = m.initial_state(h=np.where(np.abs(x - 1.5e6) < 3e5, 100.0, 0.5))
+    dt = float(m.max_stable_dt(s, 0.9))
+    kept = m.solve_diffrax(s, 0.0, 400 * dt, max_steps=300, throw=False)
+    least = float(np.nanmin(np.asarray(kept.ys.h[0])))
+    assert least < 0
+
+    class Recording:
+        def __init__(self):
+            self.read = []
+
+        def __getattr__(self, name):
+            return getattr(np, name)
+
+        def asarray(self, a, *args, **kwargs):
+            if isinstance(a, jax.Array) and a.ndim >= 2:
+                self.read.append(a.shape)
+            return np.asarray(a, *args, **kwargs)
+
+        array = asarray
+
+    rec = Recording()
+    monkeypatch.setattr(_model, "np", rec)
+    with pytest.raises(RuntimeError) as info:
+        m.solve_diffrax(s, 0.0, 400 * dt, max_steps=300)
+    monkeypatch.undo()
+    assert rec.read == []
+    assert re.match(
+        rf"^solve_diffrax failed before t1 = 7\d+ s after 300 steps \(\d+ of them rejected\): "
+        rf"the state saved at t = \d+ s \(frame 0 of 1\) holds a layer thickness h <= 0 "
+        rf"\(min {re.escape(f'{least:g}')} m\): the layer ran dry",
+        str(info.value),
+    ), str(info.value)
+    # on a 2×2 mesh only the scalar is all-reduced, no frame gathered
+    h = shard(kept.ys, g, make_mesh((2, 2))).h
+    assert float(_model._frame_least_h(h, 0)) == least
+    hlo = _model._frame_least_h.lower(h, 0).compile().as_text()
+    reduced = re.findall(r"= (\S+(?: \S+)*?) all-reduce\(", hlo)
+    assert "all-gather" not in hlo and "all-to-all" not in hlo and reduced
+    assert all(re.search(r"\[\d", r) is None for r in reduced), reduced

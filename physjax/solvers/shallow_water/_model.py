@@ -1354,9 +1354,21 @@ def _first_bad_frame(sol: diffrax.Solution) -> tuple[int, int, float, float | No
         bad = bad | dry
         if bad.any():
             k = int(np.argmax(bad))
-            h_min = float(np.nanmin(np.asarray(ys.h[k]))) if dry[k] else None
+            h_min = None
+            if dry[k]:
+                # reduced where the frames live: one scalar comes to the host, not the frame
+                with jax.ensure_compile_time_eval():
+                    h_min = float(jax.device_get(_frame_least_h(ys.h, k)))
             return k, n, float(ts[k]), h_min
     return None
+
+
+@jax.jit
+def _frame_least_h(h: Array, k) -> Array:
+    """The least ``h`` of the saved frame ``k`` of ``h`` (frames first), NaN aside: one
+    compiled function for every ``k`` (per shape, dtype and sharding); on a mesh each device
+    reduces its block of the frame and only the scalar is all-reduced."""
+    return jnp.nanmin(jax.lax.dynamic_index_in_dim(h, k, axis=0, keepdims=False))
 
 
 @jax.jit
