@@ -342,6 +342,28 @@ def test_strips_grad_matches_finite_difference():
     assert abs(g - fd) / abs(fd) < 1e-6
 
 
+@pytest.mark.slow  # reverse mode through strips of several steps, checkpointed: ~30 s
+def test_strips_checkpointed_gradient_equals_plain_steps():
+    """The gradient of a run with frames through strips of three steps (blocks of the
+    checkpointed loop counted in visits) equals that through plain steps, with respect to
+    the state, the bottom and the wind stress."""
+    plain, s, dt = _setup((False, True), **FULL)
+    blocked = dataclasses.replace(plain, strip_rows=8)
+    assert_strips_taken(plain, blocked, s, dt)
+
+    def loss(state, model):
+        st = model.run(state, dt=dt, n_steps=30, save_every=10).states
+        return jnp.sum((st.h - 1000.0) ** 2) + jnp.sum(st.u**2 + st.v**2)
+
+    grad = jax.jit(jax.grad(loss, argnums=(0, 1)))
+    ref, got = grad(s, plain), grad(s, blocked)
+    pairs = [(ref[0], got[0]), (ref[1].bottom, got[1].bottom)]
+    pairs += [(ref[1].wind_stress, got[1].wind_stress)]
+    for a, b in pairs:
+        for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+            assert float(jnp.max(jnp.abs(x - y))) <= 1e-12 * float(jnp.max(jnp.abs(x)))
+
+
 def test_strips_vmap_equals_loop():
     plain, s, dt = _setup((False, True), beta=1e-11, drag=1e-6)
     blocked = dataclasses.replace(plain, strip_rows=8)

@@ -307,3 +307,65 @@ def test_integrate_diffrax_does_not_compile_again_for_new_tolerances():
     exact = np.exp(-2.0) + (np.cos(6.0) + 3 * np.sin(6.0) - np.exp(-2.0)) / 10
     assert abs(float(tight.ys[-1, 0]) - exact) < abs(float(loose.ys[-1, 0]) - exact)
     assert abs(float(tight.ys[-1, 0]) - exact) < 1e-5
+
+
+def _grad_step(y, t, dt):  # nonlinear, time-dependent, a few intermediates per step
+    return y + dt * (jnp.sin(y) * jnp.roll(y, 1) - 0.1 * y + jnp.cos(t))
+
+
+def _temp_bytes(f, *args):
+    return jax.jit(f).lower(*args).compile().memory_analysis().temp_size_in_bytes
+
+
+def test_gradient_through_advance_and_integrate_stores_sqrt_n_states():
+    """Reverse mode through the fixed-step loops kept every intermediate of every step:
+    the gradient through 400 steps of a 64×64 float64 state took 15.6× the temporary
+    memory of 25 steps (39 MB against 2.5 MB; 8.1 GB after 6400 steps of a 64²
+    shallow-water run). The loops are now checkpointed in blocks of ceil(√n) steps: 16×
+    the steps take ~4× the memory (3.6×), with ``integrate`` too."""
+    y0 = jnp.asarray(np.random.default_rng(0).normal(size=(64, 64)))
+
+    def adv(n):
+        return jax.grad(lambda y: jnp.sum(advance(_grad_step, y, 0.0, 0.01, n) ** 2))
+
+    def frames(n, save_every):
+        return jax.grad(
+            lambda y: jnp.sum(integrate(_grad_step, y, 0.0, 0.01, n // save_every, save_every))
+        )
+
+    small, large = _temp_bytes(adv(25), y0), _temp_bytes(adv(400), y0)
+    assert large < 4 * small, (small, large)
+    small, large = _temp_bytes(frames(25, 25), y0), _temp_bytes(frames(400, 400), y0)
+    assert large < 4 * small, (small, large)
+    # a frame every 5 steps (13.2× before): the 80 frames and their cotangents, 5 MB of the
+    # 6 MB, are kept whatever the checkpoints
+    small, large = _temp_bytes(frames(25, 5), y0), _temp_bytes(frames(400, 5), y0)
+    assert large < 8 * small, (small, large)
+
+
+@pytest.mark.parametrize("n, S", [(23, None), (23, 3), (1, None), (100, 4)])
+def test_checkpointed_loop_gives_the_plain_loops_values_and_gradient(n, S):
+    """The checkpointed loops (blocks of several steps, and a remainder) give the values of
+    the plain ``lax.scan`` of every step (``every=0``), to the bit, and its gradient."""
+    from physjax.solvers._time_stepping import _advance
+
+    y0 = jnp.asarray(np.random.default_rng(1).normal(size=(8, 8)))
+    t0, dt = jnp.asarray(0.3), jnp.asarray(0.01)
+
+    def three(y, ts, dt):
+        for t in ts:
+            y = _grad_step(y, t, dt)
+        return y
+
+    block = None if S is None else (S, three)
+
+    def plain(y):
+        return _advance(_grad_step, y, t0, dt, n, block, 0)
+
+    np.testing.assert_array_equal(advance(_grad_step, y0, t0, dt, n, block=block), plain(y0))
+    ref = jax.grad(lambda y: jnp.sum(plain(y) ** 3))(y0)
+    got = jax.grad(lambda y: jnp.sum(advance(_grad_step, y, t0, dt, n, block=block) ** 3))(y0)
+    tol = 1e-12 * float(jnp.max(jnp.abs(ref)))
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=tol)
+    frames = jax.grad(lambda y: jnp.sum(integrate(_grad_step, y, t0, dt, 1, n) ** 3))(y0)
+    np.testing.assert_allclose(frames, ref, rtol=1e-12, atol=tol)

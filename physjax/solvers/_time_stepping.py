@@ -419,6 +419,12 @@ def advance(step: Callable, y: PyTree, t0, dt, n_steps: int, block: Block | None
     number (``dt`` nonzero, negative to step back in time; a ``ValueError`` otherwise), taken
     in the dtype of ``y``'s floating leaves when they share one. ``block`` is ``None`` or such a
     pair, ``S`` a positive integer (a ``TypeError`` otherwise).
+
+    Under reverse-mode differentiation (``jax.grad``, ``jax.vjp``) the loop is checkpointed:
+    the steps run in blocks of ``ceil(sqrt(n_steps))`` under ``jax.checkpoint``, so that the
+    backward pass stores the state at the start of each block and one block's
+    intermediates at a time, ``O(sqrt(n_steps))`` states rather than every intermediate of
+    every step, for one more forward pass; results, and the forward run, are unchanged.
     """
     n_steps = _count("n_steps", n_steps, 0)
     block = _check_block(block)
@@ -428,11 +434,56 @@ def advance(step: Callable, y: PyTree, t0, dt, n_steps: int, block: Block | None
     return _advance(step, y, t0, dt, n_steps, block)
 
 
+def checkpoint_length(n: int) -> int:
+    """Iterations per checkpointed block of a loop of ``n``: ``ceil(sqrt(n))`` (at least 1)."""
+    return math.isqrt(n - 1) + 1 if n > 1 else 1
+
+
+def _scan(body, y, start: int, n: int, every: int = 0):
+    """``lax.scan(body, y, jnp.arange(start, start + n))`` for ``body(y, k) -> (y, out)``,
+    with ``every >= 2``: in blocks of ``every`` iterations (the last one shorter when
+    ``every`` does not divide ``n``), each under ``jax.checkpoint``.
+
+    Reverse-mode differentiation through a plain ``lax.scan`` stores every intermediate of
+    every iteration (a shallow-water step: ~40 field-sized buffers); through the blocks, it
+    stores the carry at the start of each block and, while it runs back through one block,
+    that block's intermediates, which it computes again from the block's start: memory
+    ~ ``n / every`` carries + ``every`` iterations' intermediates, for one more evaluation
+    of the loop. Outside differentiation ``jax.checkpoint`` does nothing: the same
+    iterations run on the same values, giving the same results to the bit."""
+    outs = []
+    blocks = n // every if every >= 2 else 0
+    if blocks:
+
+        def block(y, b):
+            return lax.scan(body, y, start + b * every + jnp.arange(every))
+
+        y, out = lax.scan(jax.checkpoint(block, prevent_cse=False), y, jnp.arange(blocks))
+        outs.append(jax.tree.map(lambda a: a.reshape((blocks * every,) + a.shape[2:]), out))
+    if blocks * every < n:
+
+        def rest(y):
+            return lax.scan(body, y, jnp.arange(start + blocks * every, start + n))
+
+        # the last, shorter block checkpointed too: a frame of 100 steps in blocks of 40
+        # would otherwise keep every intermediate of its last 20 steps, in every frame
+        y, out = (jax.checkpoint(rest, prevent_cse=False) if every >= 2 else rest)(y)
+        outs.append(out)
+    if len(outs) == 1:
+        return y, outs[0]
+    return y, jax.tree.map(lambda *a: jnp.concatenate(a), *outs)
+
+
 # Called eagerly (a user's loop over chunks of a run), a bare lax.scan traced and compiled
 # the step at every call (75 ms for 100 steps of a 1000-element state); compiled once per
 # step function, shapes and step count, and traced inline under an outer jit, grad or vmap.
 @eqx.filter_jit
-def _advance(step, y, t0, dt, n_steps, block):
+def _advance(step, y, t0, dt, n_steps, block, every=None):
+    """``every``: steps per checkpointed block (``None``: ``checkpoint_length(n_steps)``,
+    0: none); with a ``block`` of ``S`` steps, counted in units of ``S`` steps."""
+    if every is None:
+        every = checkpoint_length(n_steps)
+
     def body(y, k):
         return step(y, t0 + _steps(k, dt) * dt, dt), None
 
@@ -444,9 +495,9 @@ def _advance(step, y, t0, dt, n_steps, block):
             return step_S(y, tuple(t0 + _steps(k * S + j, dt) * dt for j in range(S)), dt), None
 
         done = n_steps // S * S
-        y, _ = lax.scan(body_S, y, jnp.arange(n_steps // S))
+        y, _ = _scan(body_S, y, 0, n_steps // S, -(-every // S))
     if done < n_steps:
-        y, _ = lax.scan(body, y, jnp.arange(done, n_steps))
+        y, _ = _scan(body, y, done, n_steps - done, every)
     return y
 
 
@@ -463,7 +514,10 @@ def integrate(
     """Advance ``n_frames × save_every`` steps, returning ``observe(state)`` after every
     ``save_every`` steps stacked on a leading axis (``y0`` is not included). ``block``: as
     for ``advance``. ``n_frames`` (``>= 0``) and ``save_every`` (``>= 1``) are integers known
-    when tracing (static under ``jax.jit``); times as for ``advance``."""
+    when tracing (static under ``jax.jit``); times as for ``advance``.
+
+    Under reverse-mode differentiation the run is checkpointed as in ``advance``: blocks of
+    about ``sqrt(n_frames × save_every)`` steps (within a frame, or whole frames)."""
     n_frames = _count("n_frames", n_frames, 0)
     save_every = _count("save_every", save_every, 1)
     block = _check_block(block)
@@ -475,12 +529,19 @@ def integrate(
 
 @eqx.filter_jit
 def _integrate(step, y0, t0, dt, n_frames, save_every, observe, block):
+    # Blocks of about sqrt(n) of the n steps: within each frame's steps when a frame is
+    # that long, else of whole frames (one level of checkpoints, so one more evaluation of
+    # the run in all, with a frame every step or one frame at the end).
+    every = checkpoint_length(n_frames * save_every)
+    inner = every if save_every >= every else 0
+    frames_every = 0 if inner else -(-every // save_every)
+
     def body(y, frame):
         t_start = t0 + _steps(frame * save_every, dt) * dt
-        y = _advance(step, y, t_start, dt, save_every, block)
+        y = _advance(step, y, t_start, dt, save_every, block, inner)
         return y, observe(y)
 
-    _, frames = lax.scan(body, y0, jnp.arange(n_frames))
+    _, frames = _scan(body, y0, 0, n_frames, frames_every)
     return frames
 
 
