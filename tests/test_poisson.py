@@ -538,6 +538,50 @@ def test_grad_wrt_coefficient_on_a_mesh_equals_one_device():
     assert len(many.sharding.device_set) == 4
 
 
+@pytest.mark.multidevice
+def test_a_time_stepper_on_a_mesh_calls_the_solver_outside_shard_map_fields():
+    """A model's loop on a mesh: stencils in shard_map_fields, the solver (built with mesh=)
+    called outside it, all in one jax.jit. Called inside shard_map_fields the solver saw a
+    device's block and its message said "use jax.vmap for batches"."""
+    from physjax.grids import fill_halo, interior
+    from physjax.parallel import shard_map_fields
+
+    grid = _grid((16, 16), (False, True))  # a channel: walls in y, periodic in x
+    y, x = grid.mesh_coordinates(("centre", "centre"))
+    zeta0 = jnp.asarray(
+        np.sin(PI * y) * np.cos(2 * PI * x + 0.3) + np.sin(2 * PI * y) * np.sin(2 * PI * x)
+    )
+    mesh = make_mesh((2, 2), 2)
+
+    def advection(g, psi, zeta):  # u·∇ζ = ψ_x ζ_y − ψ_y ζ_x, centred differences
+        p, z = (interior(fill_halo(v, g, parity=(-1, 1)), g, 0) for v in (psi, zeta))
+        d = lambda v, a: (jnp.roll(v, -1, a) - jnp.roll(v, 1, a))[1:-1, 1:-1] / (2 * g.spacing[a])  # noqa: E731
+        return d(p, 1) * d(z, 0) - d(p, 0) * d(z, 1)
+
+    def run(zeta, m):
+        solver = PoissonSolver(grid, "dirichlet", "cg", mesh=m)
+        flux = shard_map_fields(advection, grid, m)
+
+        def step(carry, _):
+            zeta, psi = carry
+            psi = solver(zeta, initial_guess=psi)
+            return (zeta - 0.01 * flux(psi, zeta), psi), None
+
+        (zeta, psi), _ = jax.lax.scan(step, (zeta, jnp.zeros_like(zeta)), None, length=5)
+        return jnp.sum(zeta**2)
+
+    loss = jax.jit(jax.value_and_grad(run), static_argnums=1)
+    (one, g_one), (many, g_many) = loss(zeta0, None), loss(zeta0, mesh)
+    assert abs(float(many - one)) <= 1e-12 * abs(float(one)) and _rel(g_many, g_one) <= 1e-10
+    inside = PoissonSolver(grid, "dirichlet", "cg", mesh=mesh)
+    with pytest.raises(
+        ValueError, match=r"got \(8, 8\); inside jax.shard_map .* call the solver outside"
+    ):
+        shard_map_fields(lambda g, z: inside(z), grid, mesh)(zeta0)
+    with pytest.raises(ValueError, match=r"got \(8, 16\); use jax.vmap for batches"):
+        inside(zeta0[:8])
+
+
 @pytest.mark.parametrize("method", ["spectral", "cg"])
 def test_vmap_equals_loop(method):
     grid = _grid((16, 16), True)

@@ -464,10 +464,19 @@ class PoissonSolver(eqx.Module):
         if not (jnp.issubdtype(f.dtype, jnp.number) or f.dtype == bool):
             raise not_an_array(f"dtype {f.dtype}")
         if f.shape != self.grid.shape:
+            # Inside jax.shard_map (physjax.parallel.shard_map_fields) each device holds a
+            # block: "use jax.vmap for batches" pointed the wrong way there.
+            advice = (
+                "inside jax.shard_map (e.g. physjax.parallel.shard_map_fields) a function sees "
+                "one device's block of each field: call the solver outside it, on the whole "
+                "field, with the solver built with mesh= (it splits the solve over the "
+                "devices itself); the stencils can stay in shard_map_fields"
+                if _inside_shard_map()
+                else "use jax.vmap for batches"
+            )
             raise ValueError(
                 f"{name} must have the grid's shape {self.grid.shape} "
-                f"({' '.join(self.grid.axis_names)}), "
-                f"got {f.shape}; use jax.vmap for batches"
+                f"({' '.join(self.grid.axis_names)}), got {f.shape}; {advice}"
             )
         if jnp.issubdtype(f.dtype, jnp.complexfloating) or f.dtype == bool:
             raise ValueError(f"{name} must be real, got dtype {f.dtype}")
@@ -1297,6 +1306,14 @@ def _check_shift(shift: Any, grid: Grid, method: str, mesh: Mesh | None) -> jax.
         return place_on_mesh(shift, grid, mesh)
     bad = ~jnp.all(jnp.isfinite(shift) & (shift > 0))
     return error_if(shift, bad, _SHIFT_NOT_POSITIVE, grid, mesh)  # on every device at once
+
+
+def _inside_shard_map() -> bool:
+    """Whether this is traced inside ``jax.shard_map`` (some mesh axis is manual)."""
+    try:
+        return bool(jax.sharding.get_abstract_mesh().manual_axes)
+    except AttributeError:  # a jax without abstract meshes
+        return False
 
 
 def _times_power_of_two(x, n):
