@@ -991,6 +991,35 @@ def test_compatibility_of_an_eager_iterative_solve_is_checked_alongside_it(metho
     assert fetched_before and not any(fetched_before)  # only ever traced, in the solve
 
 
+@pytest.mark.parametrize("method", ["cg", "multigrid"])
+def test_a_guess_on_the_device_is_not_read_before_an_eager_solve(method, monkeypatch):
+    """An eager solve read a JAX-array initial_guess (jnp.isfinite, then bool) before
+    dispatching the solve: a wait for the device at every step of a Python time loop
+    (a 32² Dirichlet cg solve warm-started: 0.38-0.43 ms per call, 0.31-0.33 ms without
+    it). It is now read only when the solve fails, to name a NaN in it."""
+    grid = _grid((32, 32), False)
+    f = jnp.asarray(np.random.default_rng(13).normal(size=grid.shape))
+    solver = PoissonSolver(grid, "dirichlet", method)
+    quiet = PoissonSolver(grid, "dirichlet", method, throw=False)
+    guess = solver(0.99 * f)
+    read = []
+    isfinite = jnp.isfinite
+    monkeypatch.setattr(
+        jnp, "isfinite", lambda x: read.append(not isinstance(x, jax.core.Tracer)) or isfinite(x)
+    )
+    sol = solver.solve(f, initial_guess=guess)
+    assert bool(sol.converged) and _rel(sol.u, solver(f)) <= 1e-8
+    assert not any(read)  # nothing evaluated on the guess outside the compiled solve
+    monkeypatch.setattr(jnp, "isfinite", isfinite)
+    bad = guess.at[3, 4].set(jnp.nan)
+    for s in (solver, quiet):  # named, as for a NumPy guess, with throw=False too
+        with pytest.raises(ValueError, match=r"initial_guess has 1 non-finite value\(s\)"):
+            s.solve(f, initial_guess=bad)
+    # an Inf leaves a residual above ‖f‖: the guess is dropped and the solve starts from 0
+    inf = guess.at[3, 4].set(jnp.inf)
+    assert _rel(quiet.solve(f, initial_guess=inf).u, solver(f)) <= 1e-8
+
+
 def test_compatibility_check_of_a_field_that_vanishes_on_the_sampled_rows():
     # Called eagerly, the spectral check first measures max |f| on a few evenly spaced rows;
     # where f vanishes there the full max decides, with the same verdict and message.

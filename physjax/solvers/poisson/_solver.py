@@ -949,18 +949,16 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
     given = f
     f = cls._check_field(solver, f, "f")
     _check_finite_host_field(given, "f", solver.grid.dtype)
+    # a JAX-array guess is read only if the solve fails (below): read before it, it cost a
+    # dispatch and a wait for the device at every call of an eager time loop
+    guess_on_device = isinstance(guess, jax.Array)
     if guess is not None:
+        given_guess = guess
         guess = cls._check_field(solver, guess, "initial_guess")
         if solver.method == "spectral":
             guess = None  # a direct solve: nothing to start from (and no second compilation)
-        elif is_concrete(finite := jnp.all(jnp.isfinite(guess))) and not bool(finite):
-            # (a traced guess, as in a time stepper, is not read: the solve then reports
-            # not converged, and its message names the guess among the causes)
-            bad = int(jnp.sum(~jnp.isfinite(guess)))
-            raise ValueError(
-                f"initial_guess has {bad} non-finite value(s) (NaN/Inf); give a finite guess "
-                "(e.g. the last good solution) or none"
-            )
+        elif not guess_on_device:  # NumPy or a list: read on the host, no wait
+            _refuse_non_finite_guess(np.asarray(given_guess))
     if isinstance(boundary_values, Mapping):
         # the shape of each entry is checked here, on the values as given: inside the
         # compiled call the message would show tracers instead
@@ -1022,6 +1020,10 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
         eager = False
         out, info, stats = run(True)
     out = cls._checked(solver, out, stats, f, boundary_values)
+    if eager and guess is not None and guess_on_device and not bool(info.converged):
+        # (a traced guess, as in a time stepper, is not read: the solve then reports not
+        # converged, and its message names the guess among the causes)
+        _refuse_non_finite_guess(np.asarray(guess))
     if eager and solver.throw and solver.method != "spectral" and not bool(info.converged):
         iterations, residual = jax.device_get((info.iterations, info.residual_norm))
         raise RuntimeError(cls._not_converged_message(solver, False, int(iterations), residual))
@@ -1071,6 +1073,16 @@ def _committed_elsewhere(x, mesh: Mesh | None) -> bool:
         and x.committed
         and getattr(x.sharding, "mesh", None) != mesh
     )
+
+
+def _refuse_non_finite_guess(values: np.ndarray) -> None:
+    """Refuse an ``initial_guess`` with NaN/Inf, by name (it ran every iteration of cg and
+    then blamed f)."""
+    if values.dtype.kind in "fc" and not np.all(np.isfinite(values)):
+        raise ValueError(
+            f"initial_guess has {int(np.sum(~np.isfinite(values)))} non-finite value(s) "
+            "(NaN/Inf); give a finite guess (e.g. the last good solution) or none"
+        )
 
 
 def _wall_array(value, name, side: str):
