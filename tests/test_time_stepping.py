@@ -369,3 +369,23 @@ def test_checkpointed_loop_gives_the_plain_loops_values_and_gradient(n, S):
     np.testing.assert_allclose(got, ref, rtol=1e-12, atol=tol)
     frames = jax.grad(lambda y: jnp.sum(integrate(_grad_step, y, t0, dt, 1, n) ** 3))(y0)
     np.testing.assert_allclose(frames, ref, rtol=1e-12, atol=tol)
+
+
+def test_integrate_with_no_frames_returns_an_empty_stack():
+    """``integrate`` takes ``n_frames >= 0``; with the checkpointed loop, ``n_frames=0``
+    raised a ``TypeError`` from ``jax.tree.map`` (no block to stack) instead of returning
+    the empty stack of frames that the plain ``lax.scan`` gave."""
+    y0 = {"x": jnp.ones(3), "k": jnp.asarray(0, jnp.int32)}
+
+    def step(y, t, dt):
+        return {"x": y["x"] + dt * jnp.sin(y["x"]), "k": y["k"] + 1}
+
+    frames = integrate(step, y0, 0.0, 0.1, 0, 5)
+    assert frames["x"].shape == (0, 3) and frames["k"].shape == (0,)
+    assert frames["k"].dtype == jnp.int32
+    obs = integrate(step, y0, 0.0, 0.1, 0, 1, observe=lambda y: jnp.sum(y["x"]))
+    assert obs.shape == (0,)
+    grad = jax.grad(
+        lambda x: jnp.sum(x) + jnp.sum(integrate(step, {**y0, "x": x}, 0.0, 0.1, 0, 3)["x"])
+    )
+    np.testing.assert_array_equal(grad(y0["x"]), np.ones(3))

@@ -469,6 +469,8 @@ def _scan(body, y, start: int, n: int, every: int = 0):
         # would otherwise keep every intermediate of its last 20 steps, in every frame
         y, out = (jax.checkpoint(rest, prevent_cse=False) if every >= 2 else rest)(y)
         outs.append(out)
+    if not outs:  # n == 0: no block (integrate with n_frames=0)
+        return lax.scan(body, y, jnp.arange(start, start + n))
     if len(outs) == 1:
         return y, outs[0]
     return y, jax.tree.map(lambda *a: jnp.concatenate(a), *outs)
