@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax import lax
 from scipy.integrate import solve_ivp
 
 from physjax.solvers import SCHEMES, advance, integrate, integrate_diffrax
@@ -389,3 +390,33 @@ def test_integrate_with_no_frames_returns_an_empty_stack():
         lambda x: jnp.sum(x) + jnp.sum(integrate(step, {**y0, "x": x}, 0.0, 0.1, 0, 3)["x"])
     )
     np.testing.assert_array_equal(grad(y0["x"]), np.ones(3))
+
+
+@pytest.mark.parametrize("n_frames, save_every", [(101, 1), (100, 1), (110, 10)])
+def test_integrate_forward_does_not_copy_its_frames(n_frames, save_every):
+    """The checkpointed loop stacked the frames of its blocks and concatenated the last
+    shorter block's to them: a forward ``integrate`` of 101 frames of a 256² float64 state
+    took 51 MB of temporary memory beside its 50.5 MB of frames (0.5 MB with the plain
+    scan), 5.5 MB with 100 frames. The frames are now written in place into one buffer;
+    what remains is one block's frames (~√n of them) before they are written."""
+    y0 = jnp.ones((256, 256))
+
+    def step(y, t, dt):
+        return y + dt * jnp.sin(y)
+
+    fn = jax.jit(lambda y: integrate(step, y, 0.0, 0.1, n_frames, save_every))
+    memory = fn.lower(y0).compile().memory_analysis()
+    assert memory.temp_size_in_bytes < 0.2 * memory.output_size_in_bytes, (
+        memory.temp_size_in_bytes,
+        memory.output_size_in_bytes,
+    )
+    plain = jax.jit(
+        lambda y: lax.scan(
+            lambda y, k: (lambda z: (z, z))(
+                advance(step, y, k * save_every * 0.1, 0.1, save_every)
+            ),
+            y,
+            jnp.arange(n_frames),
+        )[1]
+    )
+    np.testing.assert_array_equal(fn(y0), plain(y0))

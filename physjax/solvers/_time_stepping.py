@@ -451,29 +451,61 @@ def _scan(body, y, start: int, n: int, every: int = 0):
     ~ ``n / every`` carries + ``every`` iterations' intermediates, for one more evaluation
     of the loop. Outside differentiation ``jax.checkpoint`` does nothing: the same
     iterations run on the same values, giving the same results to the bit."""
-    outs = []
-    blocks = n // every if every >= 2 else 0
+    if every < 2 or n == 0:
+        return lax.scan(body, y, jnp.arange(start, start + n))
+    blocks, rest = divmod(n, every)
+
+    def iterations(y, ks):
+        return lax.scan(body, y, ks)
+
+    # the last, shorter block checkpointed too: a frame of 100 steps in blocks of 40 would
+    # otherwise keep every intermediate of its last 20 steps, in every frame
+    iterations = jax.checkpoint(iterations, prevent_cse=False)
+    # the outputs of no iteration: their types (and, inside shard_map, how they vary over
+    # the mesh), with no computation
+    _, empty = lax.scan(body, y, jnp.arange(start, start))
+    if not jax.tree.leaves(empty):
+        if blocks:
+
+            def block(y, b):
+                return iterations(y, start + b * every + jnp.arange(every))
+
+            y, _ = lax.scan(block, y, jnp.arange(blocks))
+        if rest:
+            y, _ = iterations(y, jnp.arange(start + blocks * every, start + n))
+        return y, empty  # no arrays: None (advance's loops) or an empty container
+    if not rest:  # the blocks' outputs stacked by their scan, as one (n, ...) array
+
+        def block_stacked(y, b):
+            return iterations(y, start + b * every + jnp.arange(every))
+
+        y, out = lax.scan(block_stacked, y, jnp.arange(blocks))
+        return y, jax.tree.map(lambda a: a.reshape((n,) + a.shape[2:]), out)
+    # With a last, shorter block, the outputs (integrate's frames) are written in place into
+    # one buffer of n carried by the loop over blocks: stacked by the blocks' scan and then
+    # concatenated with the last block's, all of them were copied once more, doubling the
+    # peak memory of a forward run's frames. (Under differentiation this buffer and its
+    # cotangent cost one more frames-sized buffer than the stacked outputs.)
+    buf = jax.tree.map(
+        lambda e: lax.pad(e, jnp.zeros((), e.dtype), [(0, n, 0)] + [(0, 0, 0)] * (e.ndim - 1)),
+        empty,
+    )
+
+    def put(buf, out, offset):
+        return jax.tree.map(lambda b, o: lax.dynamic_update_slice_in_dim(b, o, offset, 0), buf, out)
+
     if blocks:
 
-        def block(y, b):
-            return lax.scan(body, y, start + b * every + jnp.arange(every))
+        def block_out(carry, b):
+            y, buf = carry
+            y, out = iterations(y, start + b * every + jnp.arange(every))
+            return (y, put(buf, out, b * every)), None
 
-        y, out = lax.scan(jax.checkpoint(block, prevent_cse=False), y, jnp.arange(blocks))
-        outs.append(jax.tree.map(lambda a: a.reshape((blocks * every,) + a.shape[2:]), out))
-    if blocks * every < n:
-
-        def rest(y):
-            return lax.scan(body, y, jnp.arange(start + blocks * every, start + n))
-
-        # the last, shorter block checkpointed too: a frame of 100 steps in blocks of 40
-        # would otherwise keep every intermediate of its last 20 steps, in every frame
-        y, out = (jax.checkpoint(rest, prevent_cse=False) if every >= 2 else rest)(y)
-        outs.append(out)
-    if not outs:  # n == 0: no block (integrate with n_frames=0)
-        return lax.scan(body, y, jnp.arange(start, start + n))
-    if len(outs) == 1:
-        return y, outs[0]
-    return y, jax.tree.map(lambda *a: jnp.concatenate(a), *outs)
+        (y, buf), _ = lax.scan(block_out, (y, buf), jnp.arange(blocks))
+    if rest:
+        y, out = iterations(y, jnp.arange(start + blocks * every, start + n))
+        buf = put(buf, out, blocks * every)
+    return y, buf
 
 
 # Called eagerly (a user's loop over chunks of a run), a bare lax.scan traced and compiled
