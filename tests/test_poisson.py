@@ -1065,6 +1065,14 @@ def test_an_eager_checked_spectral_call_compiles_to_a_program_of_at_most_8_kerne
     u, info, stats = _solver._call_fast(solver, jnp.asarray(f), None, False)
     assert info is None and len(stats) == 2
     assert _rel(u, solver(f)) == 0.0
+    # On the CPU an eager call reads the sampled rows of f on the host: no reduction left
+    lowered = _solver._call_fast.lower(solver, jnp.asarray(f), None, False, None, True)
+    entry = lowered.compile().as_text().split("\nENTRY ", 1)[1]
+    assert "reduce" not in entry and "ynn" not in entry
+    mean, scale = _solver._call_fast(solver, jnp.asarray(f), None, False, None, True)[2]
+    assert scale is None and float(mean) == pytest.approx(float(stats[0]), abs=1e-18)
+    rows = np.abs(f[:: 256 // 16])
+    assert _solver._host_sampled_max_abs(jnp.asarray(f)) == float(stats[1]) == rows.max()
 
 
 @pytest.mark.parametrize("method", ["cg", "multigrid"])

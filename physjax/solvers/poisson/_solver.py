@@ -834,7 +834,14 @@ class PoissonSolver(eqx.Module):
         )
 
     def _solve_core(
-        self, f, boundary_values, prechecked, residual: bool, in_graph: bool, guess=None
+        self,
+        f,
+        boundary_values,
+        prechecked,
+        residual: bool,
+        in_graph: bool,
+        guess=None,
+        host_scale: bool = False,
     ):
         b = self.rhs(f, boundary_values)
         # Checked alongside a one-device spectral solve: the mean is the transform's zero
@@ -854,8 +861,12 @@ class PoissonSolver(eqx.Module):
             info = mg.IterativeInfo(jnp.asarray(0, jnp.int32), zero, jnp.asarray(True))
             # Called eagerly, max |f| over a few rows is enough when the mean passes against
             # it (a lower bound of max |f|); otherwise the caller takes the full max before
-            # deciding (_checked). In a graph the full max is taken here.
-            scale = _sampled_max_abs(b) if not in_graph else jnp.max(jnp.abs(b))
+            # deciding (_checked). In a graph the full max is taken here. With
+            # ``host_scale`` the caller reads those rows of f on the host (see _dispatch).
+            if host_scale:
+                scale = None
+            else:
+                scale = _sampled_max_abs(b) if not in_graph else jnp.max(jnp.abs(b))
             stats = (total / b.size, scale)
         else:
             # (called eagerly, the caller checks ``converged`` in Python and raises there)
@@ -1008,12 +1019,26 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
     # Python, with the solver's own message; inside a transformation through eqx.error_if.
     eager = all(is_concrete(x) for x in jax.tree.leaves((solver, f, boundary_values, guess)))
 
+    # A one-device check of a spectral solve on the CPU reads its few rows of f for the
+    # lower bound of max |f| in place, on the host, while the solve runs: two kernels fewer
+    # in the compiled call (a checked 1024² periodic solve ~3% faster).
+    host_scale = (
+        eager
+        and boundary_values is None
+        and prechecked is None
+        and solver.method == "spectral"
+        and (solver.mesh is None or solver.mesh.size == 1)
+        and _on_the_host(f)
+    )
+
     def run(in_graph: bool):
         if boundary_values is None:
-            return fast(solver, f, prechecked, in_graph, guess)
+            return fast(solver, f, prechecked, in_graph, guess, host_scale and not in_graph)
         return general(solver, f, boundary_values, prechecked, in_graph, guess)
 
     out, info, stats = run(not eager)
+    if stats is not None and stats[1] is None:
+        stats = (stats[0], _host_sampled_max_abs(f))
     if eager and not is_concrete(out if info is None else info.converged):
         # Concrete inputs, but called inside a trace (a lax.cond branch, or jax.jit of a
         # function whose arguments the solve does not read): the call was staged there and
@@ -1036,9 +1061,9 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
 # the solver itself as an argument (its static fields go into the cache key): ~0.3 ms less
 # Python per call than ``eqx.filter_jit``, which the calls with boundary values (Python
 # numbers among them, kept static) still use.
-@functools.partial(jax.jit, static_argnames=("prechecked", "in_graph"))
-def _call_fast(solver: PoissonSolver, f, prechecked, in_graph, guess=None):
-    u, info, stats = solver._solve_core(f, None, prechecked, False, in_graph, guess)
+@functools.partial(jax.jit, static_argnames=("prechecked", "in_graph", "host_scale"))
+def _call_fast(solver: PoissonSolver, f, prechecked, in_graph, guess=None, host_scale=False):
+    u, info, stats = solver._solve_core(f, None, prechecked, False, in_graph, guess, host_scale)
     return u, _returned_info(solver, info), stats
 
 
@@ -1052,9 +1077,9 @@ def _returned_info(solver: PoissonSolver, info):
     return None if solver.method == "spectral" else info
 
 
-@functools.partial(jax.jit, static_argnames=("prechecked", "in_graph"))
-def _solve_fast(solver: PoissonSolver, f, prechecked, in_graph, guess=None):
-    u, info, stats = solver._solve_core(f, None, prechecked, True, in_graph, guess)
+@functools.partial(jax.jit, static_argnames=("prechecked", "in_graph", "host_scale"))
+def _solve_fast(solver: PoissonSolver, f, prechecked, in_graph, guess=None, host_scale=False):
+    u, info, stats = solver._solve_core(f, None, prechecked, True, in_graph, guess, host_scale)
     sol = PoissonSolution(u, info.residual_norm, info.iterations, info.converged)
     return sol, info, stats
 
@@ -1374,6 +1399,23 @@ def _max_abs(f):
 
 
 _SAMPLED_ROWS = 16
+
+
+def _on_the_host(f: jax.Array) -> bool:
+    """Whether ``f`` is one array in host memory (a CPU device), which NumPy reads in place."""
+    try:
+        devices = f.devices()
+    except AttributeError:
+        return False
+    return len(devices) == 1 and next(iter(devices)).platform == "cpu"
+
+
+def _host_sampled_max_abs(f: jax.Array) -> float:
+    """[`_sampled_max_abs`][] of a CPU array, read in place by NumPy (no copy)."""
+    values = np.asarray(f)
+    rows = values.reshape(-1, values.shape[-1])
+    step = max(1, rows.shape[0] // _SAMPLED_ROWS)
+    return float(np.max(np.abs(rows[::step])))
 
 
 def _sampled_max_abs(f: jax.Array) -> jax.Array:
