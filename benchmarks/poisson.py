@@ -5,11 +5,6 @@ Run: ``python benchmarks/poisson.py [--quick] [--only spectral|krylov|warm]``. P
 tables and writes ``benchmarks/results/poisson.json`` (a partial run, ``--quick`` or
 ``--only``, writes ``poisson_quick.json`` / ``poisson_<table>.json`` there instead, so that
 it never replaces the full run's file; ``--output`` chooses). float64 throughout.
-
-Spectral rows print two ratios to scipy: the best physjax call over the best scipy call
-(the headline figure of docs/benchmarks.md), and in brackets the median over the
-interleaved rounds (3 calls of each in a row, the best kept) of each round's physjax/scipy
-ratio, which a slow spell of the VM moves far less.
 """
 
 from __future__ import annotations
@@ -57,39 +52,22 @@ def best_of(fn, repeats=7):
     return min(times)
 
 
-def interleaved(*fns, repeats=15, min_time=2.0, rounds_out=None, calls=1):
+def interleaved(*fns, repeats=15, min_time=2.0):
     """Best single-call time of each function, their calls alternating (so that the
     machine's slow spells, common on a shared 2-core VM, fall on all alike). At least
-    ``repeats`` rounds, more while less than ``min_time`` seconds have been spent. In each
-    round each function is called ``calls`` times in a row; with a list as
-    ``rounds_out``, each round's best time of each function is appended to it."""
+    ``repeats`` rounds, more while less than ``min_time`` seconds have been spent."""
     for fn in fns:
         fn()
     best = [float("inf")] * len(fns)
     start = time.perf_counter()
     rounds = 0
     while rounds < repeats or time.perf_counter() - start < min_time:
-        times = []
         for i, fn in enumerate(fns):
-            t_round = float("inf")
-            for _ in range(calls):
-                t = time.perf_counter()
-                fn()
-                t_round = min(t_round, time.perf_counter() - t)
-            times.append(t_round)
-            best[i] = min(best[i], t_round)
-        if rounds_out is not None:
-            rounds_out.append(times)
+            t = time.perf_counter()
+            fn()
+            best[i] = min(best[i], time.perf_counter() - t)
         rounds += 1
     return best
-
-
-def paired_ratio(rounds, i, j):
-    """Median over rounds of the time of function ``i`` over that of function ``j`` in the
-    same round: they ran within milliseconds of each other, so a slow spell of the VM
-    weighs on both, and the median drops the rounds where it fell on one only."""
-    t = np.asarray(rounds)
-    return float(np.median(t[:, i] / t[:, j]))
 
 
 def eig(kind, n, h):
@@ -158,16 +136,9 @@ def spectral_rows(sizes):
                 # the spectral path (the zero mode is dropped either way)
                 projecting = PoissonSolver(grid, kind, "spectral", compatibility="project")
                 fns.append(lambda s=projecting, x=fj: s(x).block_until_ready())
-            rounds = []
-            # 3 calls in a row per round: a single call right after another library's
-            # finds XLA's worker threads asleep, a cost a solver called in a loop does
-            # not pay (1024², median of the rounds' ratios: 0.79-0.92 single, 0.63-0.70
-            # with the best of 5 in a row; best calls 0.60-0.80 either way)
-            times = interleaved(*fns, min_time=5.0, rounds_out=rounds, calls=3)
+            times = interleaved(*fns, min_time=5.0)
             t_px, t_sc = times[:2]
             t_proj = times[2] if len(times) > 2 else None
-            paired = paired_ratio(rounds, 0, 1)
-            paired_proj = None if t_proj is None else paired_ratio(rounds, 2, 1)
             err = float(np.max(np.abs(np.asarray(solver(fj)) - scipy_spectral(f, kind, h)())))
             rows.append(
                 dict(
@@ -178,21 +149,16 @@ def spectral_rows(sizes):
                     ratio=t_px / t_sc,
                     physjax_project_s=t_proj,
                     ratio_project=None if t_proj is None else t_proj / t_sc,
-                    ratio_paired_median=paired,
-                    ratio_project_paired_median=paired_proj,
-                    rounds=len(rounds),
                     max_diff=err,
                 )
             )
             r = rows[-1]
             proj = ""
             if t_proj is not None:
-                proj = (
-                    f"  (project {t_proj:9.2e} s, ratio {t_proj / t_sc:5.2f} [{paired_proj:4.2f}])"
-                )
+                proj = f"  (project {t_proj:9.2e} s, ratio {t_proj / t_sc:5.2f})"
             print(
                 f"spectral {r['shape']:>12} {kind:>9}  physjax {t_px:9.2e} s  scipy.fft {t_sc:9.2e}"
-                f" s  ratio {r['ratio']:5.2f} [{paired:4.2f}]{proj}  |diff| {err:.1e}",
+                f" s  ratio {r['ratio']:5.2f}{proj}  |diff| {err:.1e}",
                 flush=True,
             )
     return rows
