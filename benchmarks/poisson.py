@@ -23,6 +23,7 @@ import physjax  # noqa: E402
 
 # Same allocator settings for physjax and scipy in this process (before any computation).
 ALLOCATOR_TUNED = physjax.tune_cpu_allocator()
+CODEGEN_TUNED = physjax.tune_cpu_codegen()  # before the first computation
 
 import jax  # noqa: E402
 
@@ -307,6 +308,7 @@ def main():
         dtype="float64",
         rtol=RTOL,
         allocator_tuned=ALLOCATOR_TUNED,
+        xla_cpu_512_bit_vectors=CODEGEN_TUNED,
     )
     print(info)
     only = args.only

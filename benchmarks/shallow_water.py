@@ -37,6 +37,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 import physjax  # noqa: E402
 
 ALLOCATOR_TUNED = physjax.tune_cpu_allocator()
+CODEGEN_TUNED = physjax.tune_cpu_codegen()  # before the first computation
 import jax  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
@@ -365,6 +366,7 @@ def main(argv=None):
                 "cpu_count": os.cpu_count(),
                 "cpu_model": _cpu_model(),
                 "last_level_cache_bytes": llc,
+                "xla_cpu_512_bit_vectors": CODEGEN_TUNED,
                 "bandwidth": bw,
                 "rows": rows,
                 "flatness_ns_best_median": {

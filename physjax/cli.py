@@ -1820,9 +1820,11 @@ def _main(argv: list[str] | None) -> int:
     try:  # a Ctrl-C while the parser is built: nothing to keep
         parser = build_parser()
         args = parser.parse_args(argv)
+        from ._cpu_codegen import tune_cpu_codegen
         from ._memory import tune_cpu_allocator
 
         tune_cpu_allocator()  # reuse large freed buffers; PHYSJAX_NO_ALLOCATOR_TUNING=1 to skip
+        tune_cpu_codegen()  # 512-bit vectors on AMD AVX-512; PHYSJAX_NO_CPU_TUNING=1 to skip
     except KeyboardInterrupt:
         _note("physjax: interrupted")
         return 130

@@ -54,6 +54,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # The CLI tests call physjax.cli.main in this process; keep the test process on glibc's
 # default allocator (tune_cpu_allocator is tested in a subprocess).
 os.environ["PHYSJAX_NO_ALLOCATOR_TUNING"] = "1"
+# ... and on XLA's default vector width (tune_cpu_codegen is tested in a subprocess too)
+os.environ["PHYSJAX_NO_CPU_TUNING"] = "1"
 
 import jax  # noqa: E402
 

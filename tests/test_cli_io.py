@@ -421,6 +421,82 @@ def test_cpu_allocator_tuning():
     assert disabled.stdout.strip() == "False"
 
 
+def test_wide_vectors_are_asked_for_on_amd_processors_with_avx512_only():
+    from physjax._cpu_codegen import wide_vectors_pay
+
+    amd = "vendor_id\t: AuthenticAMD\nflags\t\t: fpu sse2 avx2 avx512f avx512bw\n"
+    assert wide_vectors_pay(amd + amd)  # one block per core
+    assert not wide_vectors_pay(amd.replace("avx512f avx512bw", "avx2"))
+    assert not wide_vectors_pay(amd.replace("AuthenticAMD", "GenuineIntel"))
+    assert not wide_vectors_pay("processor\t: 0\n")
+
+
+def test_cpu_codegen_tuning_sets_the_flag_before_the_backend_starts_only():
+    import platform
+
+    from physjax._cpu_codegen import wide_vectors_pay
+
+    def run(code, **extra):
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("PHYSJAX_NO_CPU_TUNING", "XLA_FLAGS", "PHYSJAX_TEST_FAST_FLAGS")
+        }
+        out = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.split("\n")[:2]
+
+    report = "import os, physjax; print(physjax.tune_cpu_codegen()); "
+    report += "print(os.environ.get('XLA_FLAGS'))"
+    qualifies = platform.machine() == "x86_64" and sys.platform.startswith("linux")
+    if qualifies:
+        with open("/proc/cpuinfo") as fh:
+            qualifies = wide_vectors_pay(fh.read())
+    tuned, flags = run(report)
+    assert tuned == str(qualifies)
+    assert flags == ("--xla_cpu_prefer_vector_width=512" if qualifies else "None")
+    assert run(report, PHYSJAX_NO_CPU_TUNING="1") == ["False", "None"]
+    # the user's own setting is kept and reported
+    mine = "--xla_cpu_prefer_vector_width=256"
+    assert run(report, XLA_FLAGS=mine) == ["False", mine]
+    late = "import jax; jax.devices(); " + report
+    assert run(late) == ["False", "None"]  # the backend has started: too late, nothing set
+
+
+def test_the_shallow_water_step_is_bit_identical_with_512_bit_vectors(tmp_path):
+    """What docs/benchmarks.md and physjax._cpu_codegen state: the step is elementwise, so
+    XLA:CPU's vector width changes no rounding (float32 and float64)."""
+    code = (
+        "import sys, numpy as np, jax\n"
+        "jax.config.update('jax_enable_x64', True)\n"
+        "from physjax.solvers.shallow_water import make_case\n"
+        "for p in ('float32', 'float64'):\n"
+        "    case = make_case('barotropic-instability', nx=64, ny=32, precision=p)\n"
+        "    m, s = case.model, case.state\n"
+        "    dt = float(m.max_stable_dt(s, cfl=0.5))\n"
+        "    out = m.advance(s, t0=0.0, dt=dt, n_steps=30)\n"
+        "    np.save(sys.argv[1] + p + '.npy', np.stack([out.h, out.u, out.v]))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
+    for name, flags in (("narrow", "--xla_cpu_prefer_vector_width=256"), ("wide", "")):
+        extra = {"XLA_FLAGS": flags or "--xla_cpu_prefer_vector_width=512"}
+        subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path / name)],
+            env={**env, **extra},
+            check=True,
+            timeout=300,
+        )
+    for p in ("float32", "float64"):
+        narrow = np.load(tmp_path / f"narrow{p}.npy")
+        wide = np.load(tmp_path / f"wide{p}.npy")
+        assert narrow.dtype == np.dtype(p) and np.array_equal(narrow, wide), p
+
+
 def test_devices_from_config_file(tmp_path, capsys, monkeypatch):
     meshes, advance = [], ShallowWater.advance
 
