@@ -450,6 +450,12 @@ class PoissonSolver(eqx.Module):
         return self.shift is None and is_singular(self.bc)
 
     def _check_field(self, f, name: str) -> jax.Array:
+        grid = self.grid
+        if isinstance(f, jax.Array) and f.shape == grid.shape and f.dtype == grid.dtype:
+            # the common case, without the conversions and dtype queries below: they were
+            # ~12% of an eager 64² periodic spectral call
+            return f
+
         def not_an_array(got: str) -> ValueError:
             return ValueError(
                 f"{name} must be a real array of the grid's shape {self.grid.shape}, got {got}"
