@@ -1453,6 +1453,46 @@ def test_a_param_given_twice_with_two_values_is_refused(tmp_path, capsys):
         assert json.loads(f.attrs["parameters"])["mean_depth"] == 50.0
 
 
+def test_a_grid_too_coarse_for_the_step_or_no_step_is_refused(tmp_path, capsys):
+    # --n 1 and --n 2 sampled the step alike in every cell (110 m and 100 m everywhere), and
+    # step_height=0 left no step: a uniform state with nothing to adjust, run with exit 0
+    from physjax.solvers.shallow_water import make_case
+
+    out = tmp_path / "o.h5"
+    argv = ["shallow-water", "--t-end", "600", "--quiet", "--output", str(out)]
+    for n, h in (("1", "110"), ("2", "100")):
+        code, err = _error(capsys, [*argv, "--n", n])
+        assert code == 2
+        assert f"grid size nx={n}, ny={n} is too coarse for the geostrophic-adjustment step" in err
+        assert f"leaving a uniform h = {h} m with nothing to adjust" in err
+    code, err = _error(capsys, [*argv, "--n", "16", "--param", "step_height=0"])
+    assert code == 2
+    assert "parameter step_height = 0: no step" in err
+    assert list(tmp_path.iterdir()) == []
+    # three cells across sample the step at two distances: an anomaly to adjust
+    case = make_case("geostrophic-adjustment", nx=3, ny=3)
+    assert float(case.state.h.max() - case.state.h.min()) > 1.0
+    make_case("geostrophic-adjustment", nx=8, ny=8, step_height=-5.0)  # a depression adjusts too
+
+
+def test_an_absurd_coriolis_for_a_jet_names_it_without_numpy_warnings(tmp_path, capsys):
+    # coriolis=1e300 overflowed in the balance's Newton solve: NumPy's RuntimeWarnings (with
+    # source lines) came first, and the error blamed the jet alone
+    import warnings
+
+    out = tmp_path / "o.h5"
+    for case, f in (("zonal-jet", "1e300"), ("barotropic-instability", "1e200")):
+        argv = ["shallow-water", "--case", case, "--nx", "16", "--ny", "8", "--quiet"]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a RuntimeWarning fails the call
+            code, err = _error(capsys, [*argv, "--output", str(out), "--param", f"coriolis={f}"])
+        assert code == 2
+        assert "RuntimeWarning" not in err
+        assert f"too strong for the depth at f = {f.replace('e', 'e+')} s^-1" in err
+        assert "lower coriolis" in err
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_step_covering_the_whole_domain_is_refused(tmp_path, capsys):
     # radius 5000 km in the 2000 km domain: every cell was inside the step, the initial state
     # a uniform 110 m with nothing to adjust, and the run went ahead

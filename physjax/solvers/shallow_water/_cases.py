@@ -106,6 +106,21 @@ def _geostrophic_adjustment(grid: Grid, p: dict) -> tuple[ShallowWater, ShallowW
     xc, yc = grid.origin[1] + grid.extent[1] / 2, grid.origin[0] + grid.extent[0] / 2
     r = np.hypot(x - xc, y - yc)
     h = p["mean_depth"] + p["step_height"] * 0.5 * (1 - np.tanh((r - p["radius"]) / p["width"]))
+    if np.ptp(h) <= 1e-12 * np.max(np.abs(h)):
+        # no step, or a grid whose cell centres all sample it alike (one cell, or 2 x 2
+        # around the centre): a resting, uniform layer with nothing to adjust
+        if p["step_height"] == 0:
+            raise ValueError(
+                "parameter step_height = 0: no step, leaving a uniform state with nothing to "
+                "adjust; give a step_height other than 0"
+            )
+        ny, nx = grid.shape
+        raise ValueError(
+            f"grid size nx={nx}, ny={ny} is too coarse for the geostrophic-adjustment step "
+            f"(radius {p['radius']:g} m, width {p['width']:g} m): every cell centre samples "
+            f"it alike, leaving a uniform h = {h.flat[0]:g} m with nothing to adjust; use more "
+            f"cells (the default is 128 x 128)"
+        )
     return model, model.initial_state(h)
 
 
@@ -128,6 +143,20 @@ def balanced_jet_thickness(
     adjusted until the mean is ``mean_depth`` (to 1e-12 of it). A jet that no thickness of
     that mean holds in balance (each row's solve must converge) raises a ``ValueError``.
     """
+    # Overflow on the way (an absurd coriolis or jet speed) ends in the ValueError below,
+    # not in NumPy's warnings.
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        return _balanced_jet_thickness(
+            grid,
+            u_jet,
+            mean_depth=mean_depth,
+            gravity=gravity,
+            coriolis=coriolis,
+            beta=beta,
+        )
+
+
+def _balanced_jet_thickness(grid, u_jet, *, mean_depth, gravity, coriolis, beta):
     ny = grid.shape[0]
     dy = grid.dy
     y_face = grid.coordinates("y", "face")
@@ -159,7 +188,8 @@ def balanced_jet_thickness(
                     f"no layer thickness of mean depth {mean_depth:g} m holds this jet in "
                     f"discrete geostrophic balance (the balance of y-face row {j} has no "
                     f"solution near the row south of it): the jet is too strong for the "
-                    f"depth; weaken the jet or deepen the layer"
+                    f"depth at f = {coriolis:g} s^-1; weaken the jet, deepen the layer or "
+                    f"lower coriolis"
                 )
             h[j] = hj
         return h
@@ -178,8 +208,8 @@ def balanced_jet_thickness(
     raise ValueError(
         f"no layer thickness of mean depth {mean_depth:g} m holds this jet in discrete "
         f"geostrophic balance (the mean could not be brought to {mean_depth:g} m, missing "
-        f"by {miss:.3g} m): the jet is too strong for the depth; weaken the jet or deepen the "
-        f"layer"
+        f"by {miss:.3g} m): the jet is too strong for the depth at f = {coriolis:g} s^-1; "
+        f"weaken the jet, deepen the layer or lower coriolis"
     )
 
 
