@@ -1489,7 +1489,7 @@ def test_an_absurd_coriolis_for_a_jet_names_it_without_numpy_warnings(tmp_path, 
         assert code == 2
         assert "RuntimeWarning" not in err
         assert f"too strong for the depth at f = {f.replace('e', 'e+')} s^-1" in err
-        assert "lower coriolis" in err
+        assert "weaken the jet, deepen the layer or give a smaller |coriolis|" in err
     assert list(tmp_path.iterdir()) == []
 
 

@@ -156,6 +156,15 @@ def balanced_jet_thickness(
         )
 
 
+def _too_strong(coriolis: float) -> str:
+    if coriolis == 0:
+        return "the jet is too strong for the depth; weaken the jet or deepen the layer"
+    return (
+        f"the jet is too strong for the depth at f = {coriolis:g} s^-1; weaken the jet, "
+        f"deepen the layer or give a smaller |coriolis|"
+    )
+
+
 def _balanced_jet_thickness(grid, u_jet, *, mean_depth, gravity, coriolis, beta):
     ny = grid.shape[0]
     dy = grid.dy
@@ -187,9 +196,7 @@ def _balanced_jet_thickness(grid, u_jet, *, mean_depth, gravity, coriolis, beta)
                 raise ValueError(
                     f"no layer thickness of mean depth {mean_depth:g} m holds this jet in "
                     f"discrete geostrophic balance (the balance of y-face row {j} has no "
-                    f"solution near the row south of it): the jet is too strong for the "
-                    f"depth at f = {coriolis:g} s^-1; weaken the jet, deepen the layer or "
-                    f"lower coriolis"
+                    f"solution near the row south of it): {_too_strong(coriolis)}"
                 )
             h[j] = hj
         return h
@@ -208,8 +215,7 @@ def _balanced_jet_thickness(grid, u_jet, *, mean_depth, gravity, coriolis, beta)
     raise ValueError(
         f"no layer thickness of mean depth {mean_depth:g} m holds this jet in discrete "
         f"geostrophic balance (the mean could not be brought to {mean_depth:g} m, missing "
-        f"by {miss:.3g} m): the jet is too strong for the depth at f = {coriolis:g} s^-1; "
-        f"weaken the jet, deepen the layer or lower coriolis"
+        f"by {miss:.3g} m): {_too_strong(coriolis)}"
     )
 
 
