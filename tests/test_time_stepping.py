@@ -280,6 +280,41 @@ def test_advance_and_integrate_refuse_a_time_or_step_that_is_not_one_finite_numb
     np.testing.assert_allclose(traced, advance(one, y0, 0.0, 0.1, 10), rtol=1e-6)
 
 
+def test_step_times_a_float32_state_cannot_hold_are_refused():
+    """A float32 ``advance`` from ``t0=1e9`` with ``dt=30`` held its step times 64 s apart
+    and integrated a forcing 19% wrong without a word; a float32 ``integrate_diffrax`` from
+    1e6 to 1e6 + 1 (times 0.0625 apart there) took steps that rounded back to their start
+    until it reached ``max_steps``. Both are refused, naming the times; the same runs counted
+    from ``t0=0``, or in float64, still run and agree with the exact integral."""
+    step = SCHEMES["rk4"][0]
+    t0 = 1e9
+
+    def forced(y, t):
+        return jnp.cos(2 * jnp.pi * (t - t0) / 600.0) * jnp.ones_like(y)
+
+    def one(y, t, dt):
+        return step(forced, y, t, dt)
+
+    y32 = jnp.zeros(1, jnp.float32)
+    held = r"the state's dtype float32 holds step 1's time 1000000030.0 as 1000000000.0"
+    with pytest.raises(ValueError, match=rf"^t0=1000000000.0 with dt=30.0: {held}, 30 off"):
+        advance(one, y32, t0, 30.0, 5)
+    with pytest.raises(ValueError, match=r"more than 1% of dt: count the times from"):
+        integrate(one, y32, t0, 30.0, 5, 1)
+    exact = 600 / (2 * np.pi) * np.sin(2 * np.pi * 150 / 600)
+    y64 = advance(one, jnp.zeros(1, jnp.float64), t0, 30.0, 5)
+    np.testing.assert_allclose(y64, [exact], rtol=1e-4)
+    # a long float32 run from 0 holds its times well enough: 1e5 steps of 30 s
+    far = advance(lambda y, t, dt: y + dt * jnp.cos(t * 0.0), y32, 0.0, 30.0, 100_000)
+    np.testing.assert_allclose(far, [3e6], rtol=1e-3)
+
+    apart = r"holds times near 1000001.0 only 0.0625 apart, 6.25% of the span"
+    with pytest.raises(ValueError, match=rf"^t0=1000000.0 and t1=1000001.0: .*{apart}"):
+        integrate_diffrax(lambda y, t: -y, jnp.ones(1, jnp.float32), 1e6, 1e6 + 1.0)
+    sol = integrate_diffrax(lambda y, t: -y, jnp.ones(1, jnp.float32), 0.0, 1.0)
+    np.testing.assert_allclose(sol.ys[-1], [np.exp(-1.0)], rtol=1e-5)
+
+
 def test_integrate_diffrax_does_not_compile_again_for_new_tolerances():
     """The default step-size controller held ``rtol`` and ``atol`` as Python numbers, which
     diffrax's compiled solve takes as static: every new tolerance of a tolerance study

@@ -286,14 +286,28 @@ SPAN_RTOL = 1e-3
 def check_time_span(t0: float, t1: float, dtype, unit: str = "") -> None:
     """Refuse times ``t0``, ``t1`` (numbers with values) whose span ``t1 - t0`` in ``dtype``,
     where the solve holds them, differs from the span given by more than ``SPAN_RTOL`` of
-    it: far from 0 a float32 time is coarse (64 s apart at 1e9 s), and a float32 solve from
-    1e9 to 1e9 + 30 took no step and returned the initial state as the state at ``t1``."""
+    it, or that ``dtype`` resolves, between them, more coarsely than ``SPAN_RTOL`` of the
+    span (half the spacing of its numbers there): far from 0 a float32 time is coarse (64 s
+    apart at 1e9 s), and a float32 solve from 1e9 to 1e9 + 30 took no step and returned the
+    initial state as the state at ``t1``."""
     t0_held, t1_held = (float(np.asarray(t).astype(dtype)) for t in (t0, t1))
     span, held = float(t1) - float(t0), t1_held - t0_held
     if abs(held - span) > SPAN_RTOL * abs(span):
         raise ValueError(
             f"t0={t0!r} and t1={t1!r} are {t0_held!r} and {t1_held!r} in the state's dtype "
             f"{np.dtype(dtype)}, a span t1 - t0 of {held!r}{unit} instead of {span!r}{unit}: "
+            f"count the times from a nearer origin (e.g. t0=0) or use float64"
+        )
+    # The solver's times between t0 and t1 are held in dtype too: a float32 solve from 1e6
+    # to 1e6 + 1 (times 0.0625 apart there) took steps t + dt that rounded back to t until
+    # it reached max_steps.
+    far = max(abs(t0_held), abs(t1_held))
+    apart = float(np.spacing(np.asarray(far, dtype)))
+    if span != 0 and apart / 2 > SPAN_RTOL * abs(span):
+        raise ValueError(
+            f"t0={t0!r} and t1={t1!r}: the state's dtype {np.dtype(dtype)} holds times near "
+            f"{far!r}{unit} only {apart!r}{unit} apart, {100 * apart / abs(span):.3g}% of the "
+            f"span t1 - t0 = {span!r}{unit}, so the solver's steps would be rounded to that: "
             f"count the times from a nearer origin (e.g. t0=0) or use float64"
         )
 
@@ -318,20 +332,53 @@ def _time_value(name: str, t, dtype) -> float | None:
     return held
 
 
-def _check_step_times(t0, dt, dtype) -> None:
+def _check_step_times(t0, dt, dtype, n_steps: int = 0) -> None:
     """Refuse a ``t0`` or ``dt`` of the fixed-step loops that is not one finite real number
     (also in ``dtype``, the state's), and a ``dt`` that is zero there: ``dt=nan`` returned
     NaN, ``dt=0`` the state unchanged, ``dt="0.1"`` ran, and a ``t0`` of two values made
-    the time a vector, each without a word. A negative ``dt`` steps back in time."""
+    the time a vector, each without a word. A negative ``dt`` steps back in time. With
+    ``n_steps``, also refuse step times the dtype cannot hold (``_check_step_times_held``)."""
     for name, t in (("t0", t0), ("dt", dt)):
         if t is None:
             raise ValueError(f"{name} must be a finite number, got None")
-    _time_value("t0", t0, dtype)
-    if _time_value("dt", dt, dtype) == 0:
+    start = _time_value("t0", t0, dtype)
+    step = _time_value("dt", dt, dtype)
+    if step == 0:
         underflow = float(np.asarray(dt)) != 0
         raise ValueError(
             f"dt must be a nonzero number (negative to step back in time), got {dt!r}"
             + (f", which is 0 in the state's dtype {np.dtype(dtype)}" if underflow else "")
+        )
+    if dtype is not None and start is not None and step is not None and n_steps:
+        _check_step_times_held(t0, dt, n_steps, dtype)
+
+
+#: How far (relative to ``|dt|``) the fixed-step loops may hold a step's time ``t0 + k dt``
+#: from its value, computing it in the state's dtype.
+STEP_TIME_RTOL = 1e-2
+
+
+def _check_step_times_held(t0, dt, n_steps: int, dtype) -> None:
+    """Refuse ``t0``, ``dt`` whose step times ``t0 + k dt`` (k = 0 … ``n_steps``), computed in
+    ``dtype`` as the loops compute them, are more than ``STEP_TIME_RTOL`` of ``|dt|`` off: a
+    float32 run from ``t0=1e9`` with ``dt=30`` held its times 64 s apart and integrated a
+    forcing 19% wrong without a word. Checked at the first and last 4096 steps (the
+    coarsest times are at an end)."""
+    n = int(n_steps)
+    k = np.arange(n + 1)
+    if n >= 8192:
+        k = np.concatenate([k[:4096], k[-4096:]])
+    exact = float(np.asarray(t0)) + k * float(np.asarray(dt))
+    with np.errstate(over="ignore", invalid="ignore"):
+        held = np.asarray(t0, dtype) + k.astype(dtype) * np.asarray(dt, dtype)
+    error = np.abs(held.astype(np.float64) - exact)  # inf or nan where dtype overflows
+    worst = int(np.argmax(np.where(np.isfinite(error), error, np.inf)))
+    if not error[worst] <= STEP_TIME_RTOL * abs(float(np.asarray(dt))):
+        raise ValueError(
+            f"t0={t0!r} with dt={dt!r}: the state's dtype {np.dtype(dtype)} holds step "
+            f"{int(k[worst])}'s time {float(exact[worst])!r} as {float(held[worst])!r}, "
+            f"{error[worst]:.3g} off, more than {STEP_TIME_RTOL:.0%} of dt: count the times "
+            f"from a nearer origin (e.g. t0=0) or use float64"
         )
 
 
@@ -417,7 +464,9 @@ def advance(step: Callable, y: PyTree, t0, dt, n_steps: int, block: Block | None
     ``n_steps`` is an integer ``>= 0`` (0 returns ``y``) known when tracing: under
     ``jax.jit`` a static argument, not a traced one. ``t0`` and ``dt`` are each one finite
     number (``dt`` nonzero, negative to step back in time; a ``ValueError`` otherwise), taken
-    in the dtype of ``y``'s floating leaves when they share one. ``block`` is ``None`` or such a
+    in the dtype of ``y``'s floating leaves when they share one; step times that dtype holds
+    more than 1% of ``dt`` off (float32 far from ``t0=0``: its times are 64 s apart at
+    1e9 s) are refused too. ``block`` is ``None`` or such a
     pair, ``S`` a positive integer (a ``TypeError`` otherwise).
 
     Under reverse-mode differentiation (``jax.grad``, ``jax.vjp``) the loop is checkpointed:
@@ -429,7 +478,7 @@ def advance(step: Callable, y: PyTree, t0, dt, n_steps: int, block: Block | None
     n_steps = _count("n_steps", n_steps, 0)
     block = _check_block(block)
     dtype = _time_dtype(y)
-    _check_step_times(t0, dt, dtype)
+    _check_step_times(t0, dt, dtype, n_steps)
     t0, dt = _in_dtype(dtype, t0, dt)
     return _advance(step, y, t0, dt, n_steps, block)
 
@@ -556,7 +605,7 @@ def integrate(
     save_every = _count("save_every", save_every, 1)
     block = _check_block(block)
     dtype = _time_dtype(y0)
-    _check_step_times(t0, dt, dtype)
+    _check_step_times(t0, dt, dtype, n_frames * save_every)
     t0, dt = _in_dtype(dtype, t0, dt)
     return _integrate(step, y0, t0, dt, n_frames, save_every, observe, block)
 
@@ -707,8 +756,9 @@ def integrate_diffrax(
     a controller of your own are static to diffrax's compiled solve: pass arrays to sweep
     them). When they have values (not traced), ``t0``, ``t1`` and ``dt0`` must be finite
     numbers in that dtype and ``dt0`` nonzero with the sign of ``t1 - t0``, and the span
-    ``t1 - t0`` in that dtype within 0.1% of the span given (far from 0, float32 times are
-    coarse); a ``ValueError`` naming the argument says so before anything compiles.
+    ``t1 - t0`` in that dtype within 0.1% of the span given, and the times between them
+    held to within 0.1% of the span (far from 0, float32 times are coarse: 0.0625 apart at
+    1e6); a ``ValueError`` naming the argument says so before anything compiles.
     ``solver``, ``saveat``, ``stepsize_controller`` and ``adjoint`` are ``None`` or diffrax
     objects of their kind (a ``TypeError`` otherwise). ``rhs`` is traced once for shapes
     first: an output that is not a tree of ``y0``'s structure and shapes, or has a dtype
