@@ -1,5 +1,7 @@
 """Tests for physjax.gradients: operators vs jax.hessian references, gradients, transforms."""
 
+import re
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -561,6 +563,13 @@ def test_error_bad_point_and_spatial():
         pg.second_partial(model, 0, 1, batched=True)(jnp.zeros((4, 3), dtype=jnp.int32))
     with pytest.raises(ValueError, match=r"velocity must have shape \(2,\)"):
         pg.advection(model, jnp.ones(3), spatial=(0, 1))(jnp.zeros(3))
+    # not arrays at all: JAX's own message named neither the argument nor what it takes
+    for bad in ("ab", None, [["a"]]):
+        given = re.escape(repr(bad))
+        with pytest.raises(TypeError, match=rf"^x must be an array of numbers, got {given}"):
+            pg.laplacian(model)(bad)
+    with pytest.raises(TypeError, match=r"^velocity must be an array of numbers, got 'abc'"):
+        pg.advection(model, "abc")
 
 
 def test_error_model_configuration():
@@ -1053,9 +1062,21 @@ def test_pinn_benchmark_reports_the_median_of_an_even_number_of_repeats(monkeypa
 
 def test_an_activation_that_mixes_entries_is_refused():
     """The layer rule differentiates the activation entry by entry: softmax or a normalisation
-    gave Laplacians of about 1e-35 against 5e-4 (jax.hessian), and per point != batched."""
+    gave Laplacians of about 1e-35 against 5e-4 (jax.hessian), and per point != batched. A
+    sort passed the old, sorted probe, and GroupSort/MaxMin (a sort of pairs, which fails on
+    one entry) was accepted unchecked: Laplacians 0.070 against 0.012, with no error."""
     key = jax.random.key(2)
-    mixing = (jax.nn.softmax, lambda z: z / jnp.linalg.norm(z), lambda z: jnp.tanh(z - z.mean()))
+
+    def maxmin(z):
+        return jnp.tanh(jnp.sort(z.reshape(-1, 2), axis=-1).reshape(z.shape))
+
+    mixing = (
+        jax.nn.softmax,
+        lambda z: z / jnp.linalg.norm(z),
+        lambda z: jnp.tanh(z - z.mean()),
+        lambda z: jnp.tanh(jnp.sort(z)),
+        maxmin,
+    )
     for cls in (pg.MLP, pg.FourierMLP, pg.ModifiedMLP):
         for act in mixing:
             with pytest.raises(ValueError, match="is not elementwise"):
@@ -1067,9 +1088,9 @@ def test_an_activation_that_mixes_entries_is_refused():
     for act in (jax.nn.relu, lambda z: jnp.sin(2.0 * z), jax.nn.elu):
         model = pg.MLP(2, "scalar", 5, 2, act, key=key, dtype=jnp.float64)
         assert _rel(pg.laplacian(model)(x), jnp.trace(jax.hessian(model)(x))) < 1e-12
-    # per-unit constants of the probe's length (3) are elementwise too, not refused
-    scale = jnp.array([1.0, 2.0, 3.0])
-    model = pg.MLP(2, "scalar", 3, 2, lambda z: jnp.tanh(scale * z), key=key, dtype=jnp.float64)
+    # per-unit constants of the probe's length (4) are elementwise too, not refused
+    scale = jnp.array([1.0, 2.0, 3.0, 4.0])
+    model = pg.MLP(2, "scalar", 4, 2, lambda z: jnp.tanh(scale * z), key=key, dtype=jnp.float64)
     assert _rel(pg.laplacian(model)(x), jnp.trace(jax.hessian(model)(x))) < 1e-12
 
 

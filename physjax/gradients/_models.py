@@ -25,37 +25,51 @@ _ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
 
 
 def _check_elementwise(activation: Callable[[Array], Array], dtype) -> None:
-    """Refuse an activation that mixes the entries of its input (softmax, a normalisation).
+    """Refuse an activation that mixes the entries of its input (softmax, a normalisation,
+    a sort, GroupSort/MaxMin's pairs).
 
     The forward-Laplacian layer rule takes the activation's derivatives entry by entry, so a
     function that mixes entries gave wrong (and, per point and batched, different) second
-    derivatives with no error. Checked on a concrete probe: the whole vector against each
-    entry alone. An activation that closes over a traced value (made inside a ``jit``) or
-    cannot be evaluated on the probe is not checked here.
+    derivatives with no error. Checked on a concrete probe, unsorted and of even length (a
+    sorted probe let ``jnp.sort`` through, and one of odd length a sort of pairs): the whole
+    vector against each entry alone. An activation that runs on the probe but fails on a
+    single entry is refused too (an elementwise function runs on any shape). One that closes
+    over a traced value (made inside a ``jit``), that cannot be evaluated on the probe, or
+    that returns another shape (per-unit constants of the layer's width) is not checked.
     """
     try:
         with jax.ensure_compile_time_eval():
-            probe = jnp.asarray(np.array([-1.3, 0.4, 2.1]), dtype)
+            probe = jnp.asarray(np.array([0.4, -1.3, 2.1, -0.2]), dtype)
             whole = jnp.asarray(activation(probe))
-            alone = [jnp.asarray(activation(probe[i : i + 1])) for i in range(probe.shape[0])]
-            if isinstance(whole, jax.core.Tracer) or any(
-                isinstance(a, jax.core.Tracer) for a in alone
-            ):
+            if isinstance(whole, jax.core.Tracer):
                 return
             whole = np.asarray(whole, np.float64)
-            alone = [np.asarray(a, np.float64) for a in alone]
     except Exception:  # noqa: BLE001 - not checkable on the probe; used as given
         return
-    tol = float(np.sqrt(jnp.finfo(probe.dtype).eps))
-    if whole.shape != probe.shape or any(a.shape != (1,) for a in alone):
+    if whole.shape != probe.shape:
         return  # shaped for the layer's width (e.g. per-unit constants): not checkable here
-    if not np.allclose(whole, np.concatenate(alone), rtol=tol, atol=tol):
+    not_elementwise = (
+        f"activation {activation!r} is not elementwise: applied to a vector it does not "
+        "give its value at each entry alone (as softmax, a normalisation or a sort would "
+        "not). The forward Laplacian differentiates the activation entry by entry, so its "
+        "second derivatives would be wrong; pass an elementwise function."
+    )
+    try:
+        with jax.ensure_compile_time_eval():
+            alone = [jnp.asarray(activation(probe[i : i + 1])) for i in range(probe.shape[0])]
+            if any(isinstance(a, jax.core.Tracer) for a in alone):
+                return
+            alone = [np.asarray(a, np.float64) for a in alone]
+    except Exception as error:  # noqa: BLE001 - runs on a vector, not on one entry
         raise ValueError(
-            f"activation {activation!r} is not elementwise: applied to a vector it does not "
-            "give its value at each entry alone (as softmax or a normalisation would not). "
-            "The forward Laplacian differentiates the activation entry by entry, so its "
-            "second derivatives would be wrong; pass an elementwise function."
-        )
+            f"{not_elementwise} (It runs on a vector of 4 entries but not on one entry "
+            f"alone: {type(error).__name__}: {error})"
+        ) from error
+    tol = float(np.sqrt(jnp.finfo(probe.dtype).eps))
+    if any(a.shape != (1,) for a in alone):
+        return
+    if not np.allclose(whole, np.concatenate(alone), rtol=tol, atol=tol):
+        raise ValueError(not_elementwise)
 
 
 def _resolve_activation(

@@ -33,8 +33,17 @@ def _check_flags(**flags) -> None:
             raise TypeError(f"{name} must be True or False, got {value!r}")
 
 
+def _as_array(value, name: str) -> Array:
+    """``value`` as a JAX array, or a ``TypeError`` naming ``name``: ``"ab"`` or ``None``
+    raised JAX's own message, naming neither the argument nor what it takes."""
+    try:
+        return jnp.asarray(value)
+    except (TypeError, ValueError) as error:
+        raise TypeError(f"{name} must be an array of numbers, got {value!r} ({error})") from None
+
+
 def _check_point(x, batched: bool = False) -> Array:
-    x = jnp.asarray(x)
+    x = _as_array(x, "x")
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise TypeError(
             f"x must be a floating-point array to be differentiated, got dtype {x.dtype}; "
@@ -552,7 +561,7 @@ def advection(
     """
     _check_callable(fn)
     if velocity is not None and not callable(velocity):
-        velocity = jnp.asarray(velocity)
+        velocity = _as_array(velocity, "velocity")
 
     fn = _point_fn(fn)
 
