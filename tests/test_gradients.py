@@ -564,7 +564,7 @@ def test_error_bad_point_and_spatial():
     with pytest.raises(ValueError, match=r"velocity must have shape \(2,\)"):
         pg.advection(model, jnp.ones(3), spatial=(0, 1))(jnp.zeros(3))
     # not arrays at all: JAX's own message named neither the argument nor what it takes
-    for bad in ("ab", None, [["a"]]):
+    for bad in ("ab", None):
         given = re.escape(repr(bad))
         with pytest.raises(TypeError, match=rf"^x must be an array of numbers, got {given}"):
             pg.laplacian(model)(bad)
