@@ -648,6 +648,14 @@ def test_shard_map_fields_names_a_padded_result():
     good = shard_map_fields(lambda G, f: interior(laplacian(fill_halo(f, G), G), G), g, mesh)
     one = interior(laplacian(fill_halo(a, g), g), g)
     np.testing.assert_allclose(good(a), one, rtol=0, atol=1e-12 * float(jnp.abs(one).max()))
+    # a reduction over each device's block is not the same on every device: jax's message
+    # named an internal 'body' and suggested check_vma=False (one block's sum as the result)
+    local_sum = shard_map_fields(lambda G, f: jnp.sum(f), g, mesh)
+    with pytest.raises(ValueError, match=r"^shard_map_fields: fn returned a result that is not"):
+        local_sum(a)
+    total = shard_map_fields(lambda G, f: (f, jnp.float32(2.0)), g, mesh)(a)
+    assert float(jnp.sum(total[0])) == pytest.approx(float(jnp.sum(a)), rel=1e-5)
+    assert float(total[1]) == 2.0
 
 
 def _laplacian_of(G, f, scale):

@@ -269,12 +269,25 @@ def _shard_map_call(fn: Callable[..., Any], grid: Grid, mesh: Mesh, args: tuple)
     def body(a):
         return fn(local, *eqx.combine(a, static))
 
-    return jax.shard_map(
-        body,
-        mesh=mesh,
-        in_specs=(_specs(arrays, grid, mesh),),
-        out_specs=_specs(out_shape, grid, mesh),
-    )(arrays)
+    try:
+        return jax.shard_map(
+            body,
+            mesh=mesh,
+            in_specs=(_specs(arrays, grid, mesh),),
+            out_specs=_specs(out_shape, grid, mesh),
+        )(arrays)
+    except ValueError as error:
+        if "out_specs which require replication" not in str(error):
+            raise
+        # jax's message named an internal 'body' and suggested check_vma=False, which would
+        # return one device's block value as the result
+        raise ValueError(
+            "shard_map_fields: fn returned a result that is not a field (its trailing axes "
+            f"are not the grid's shape {grid.shape}) but differs from device to device, such "
+            "as a sum over a device's block. Non-field results must be the same on every "
+            "device: return the field and reduce it outside (jnp.sum of the sharded result "
+            "is the global sum)"
+        ) from None
 
 
 def _refuse_padded(out: Any, grid: Grid) -> None:
