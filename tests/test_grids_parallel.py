@@ -148,6 +148,11 @@ def test_fill_halo_on_walls_keeps_the_fields_dtype(layout):
             expected |= ~ref[j : j + 8, i : i + 12]
     assert near.dtype == jnp.bool_
     np.testing.assert_array_equal(np.asarray(near), expected)
+    # an odd reflection negates the field: for a bool one jax said "neg does not accept
+    # dtype bool", naming neither the parity nor the location that asks for it
+    for kw in (dict(parity=-1), dict(location=(CENTRE[0], "face"))):
+        with pytest.raises(TypeError, match=r"^fill_halo: the odd reflection at a wall"):
+            fill_halo(jnp.asarray(mask), Grid((8, 12), (1.0, 1.0), periodic=False), **kw)
     f = jnp.ones(g.shape, jnp.float32)
     assert fill_halo(f, g, parity=(np.float64(-1.0), np.float64(1.0))).dtype == jnp.float32
 

@@ -29,6 +29,13 @@ def _wall_ghosts(
 ) -> tuple[jax.Array, jax.Array]:
     n = field.shape[axis]
     take = lambda a, b: lax.slice_in_dim(field, a, b, axis=axis)
+    if parity == -1 and field.dtype == jnp.bool_:
+        # jax said "neg does not accept dtype bool"
+        raise TypeError(
+            "fill_halo: the odd reflection at a wall (parity -1, which every face-located "
+            "field on a walled axis takes) negates the field, and a boolean field cannot be "
+            "negated: pass a numeric field (mask.astype(float)), or parity +1 for a centre one"
+        )
     if stagger == "centre":
         # Wall half a cell beyond the first/last value: mirror about it. Negated, not
         # multiplied by the parity: 1 * a bool mask made it an integer array (int64 under
