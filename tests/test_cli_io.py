@@ -2360,6 +2360,66 @@ def test_finish_refuses_the_writers_own_attributes(tmp_path):
         assert f.attrs["physjax_version"] != 1 and f.attrs["iterations"] == 3
 
 
+def test_finish_stores_parameters_and_configuration_as_the_new_file_does(tmp_path):
+    """finish(configuration="text") stored the text as it was, where the constructor stores
+    JSON: read_attrs (and physjax plot) then refused the file as "not valid JSON".
+    finish(parameters=...) replaced the JSON but left the parameter_<name> copies of the
+    old ones, which a caller could not mend (finish refuses parameter_* names)."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable, read_attrs
+
+    g = Grid((2, 3), (2.0, 3.0), dtype="float64")
+    attrs = {"parameters": {"a": 1, "b": 2}, "configuration": "oops"}
+    w = NetCDFWriter(tmp_path / "f.h5", g, [Variable("h", CENTRE, "m", "h")], attrs=attrs)
+    w.append(0.0, 0, {"h": np.zeros(g.shape)})
+    w.finish(configuration="oops", parameters={"a": 2, "c": np.float32(0.5)})
+    stored = read_attrs(w.path)
+    assert stored["configuration"] == "oops"
+    assert stored["parameters"] == {"a": 2, "c": 0.5}
+    copies = {k: v for k, v in stored.items() if k.startswith("parameter_")}
+    assert copies == {"parameter_a": 2, "parameter_c": 0.5}
+    w.finish(configuration={"nx": 2})  # without parameters, the copies stay
+    stored = read_attrs(w.path)
+    assert stored["configuration"] == {"nx": 2} and stored["parameter_a"] == 2
+    with pytest.raises(TypeError, match=r"finish\['parameters'\] must be a mapping"):
+        w.finish(parameters=[1, 2])
+    assert read_attrs(w.path)["parameters"] == {"a": 2, "c": 0.5}
+
+
+def test_a_read_met_mid_append_points_to_read_retrying(tmp_path):
+    """Reading a file a run was appending to raised, about half the time, "cannot read
+    'live.h5': Can't synchronously read data (addr overflow ...)", a ValueError the
+    docstrings gave only for damaged files: a caller retrying on BlockingIOError alone
+    crashed. The message now says to read through read_retrying, which passes it; a
+    lasting error does not get the hint."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable, read_retrying
+    from physjax.io._netcdf import _reading
+
+    g = Grid((2, 3), (2.0, 3.0), dtype="float64")
+    w = NetCDFWriter(tmp_path / "f.h5", g, [Variable("h", CENTRE, "m", "h")])
+    w.append(0.0, 0, {"h": np.ones(g.shape)})
+    mid_append = "Can't synchronously read data (addr overflow, address = 9, eoa = 8)"
+    hint = r"addr overflow.*\); a file a run is still writing can be read in the middle of"
+    with pytest.raises(ValueError, match=rf"^cannot read .*{hint} an append: read it through"):
+        with _reading(w.path):
+            raise OSError(mid_append)
+    with pytest.raises(ValueError) as lasting:
+        with _reading(w.path):
+            raise OSError("Can't synchronously read data (required filter 'lzf' is not registered)")
+    assert "read_retrying" not in str(lasting.value)
+    calls = []
+
+    def read():
+        calls.append(1)
+        with _reading(w.path) as f:
+            if len(calls) == 1:
+                raise OSError(mid_append)
+            return float(f["h"][0, 0, 0])
+
+    assert read_retrying(w.path, read) == 1.0 and len(calls) == 2
+
+
 def test_masked_cells_of_a_masked_array_are_stored_as_nan(tmp_path):
     """A NumPy masked array (a land mask; what netCDF4 and xarray's to_masked_array give)
     lost its mask on the way into the file: the masked cells were stored as whatever lay

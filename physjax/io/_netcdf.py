@@ -48,7 +48,13 @@ import h5py
 import numpy as np
 
 from .. import __version__
-from ._reading import LOCKS_UNSUPPORTED, error_text, hidden_beside, locks_unsupported
+from ._reading import (
+    LOCKS_UNSUPPORTED,
+    error_text,
+    hidden_beside,
+    locks_unsupported,
+    transient_error,
+)
 
 if TYPE_CHECKING:  # reading a file (physjax plot) needs neither the grids nor jax
     from ..grids import Grid, Stagger
@@ -365,6 +371,32 @@ def _refuse_writer_attrs(attrs: Mapping[str, Any], what: str) -> None:
         )
 
 
+def _run_attrs_to_store(attrs: dict[str, Any], what: str) -> dict[str, Any]:
+    """Take ``parameters`` and ``configuration`` out of ``attrs`` and return them as stored:
+    ``parameters`` as JSON with one ``parameter_<name>`` per entry, ``configuration`` as
+    JSON. One encoding for a new file and for `finish`, which stored a configuration text
+    as it was (a file physjax's own reader then refused as "not valid JSON") and left the
+    ``parameter_<name>`` copies of earlier parameters beside new ones."""
+    stored: dict[str, Any] = {}
+    if "parameters" in attrs:
+        params = attrs.pop("parameters") or {}
+        if not isinstance(params, Mapping):
+            raise TypeError(
+                f"{what}['parameters'] must be a mapping of names to values, got {params!r}"
+            )
+        stored.update(
+            _attrs_to_store(
+                {f"parameter_{key}": value for key, value in params.items()},
+                f"{what}['parameters']",
+            )
+        )
+        stored["parameters"] = _json(params)
+    if attrs.get("configuration", None) is not None:
+        stored["configuration"] = _json(attrs.pop("configuration"), sort_keys=True)
+    attrs.pop("configuration", None)
+    return stored
+
+
 class NetCDFWriter:
     """Writes frames of a run into a NetCDF4 file, one open–append–close per frame.
 
@@ -547,11 +579,9 @@ class NetCDFWriter:
         g = self.grid
         dtype = np.dtype(g.dtype)
         title = str(attrs.pop("title", "physjax output"))
-        params = attrs.pop("parameters", {}) or {}
-        stored_params = _attrs_to_store(
-            {f"parameter_{key}": value for key, value in params.items()}, "attrs['parameters']"
-        )
-        config = attrs.pop("configuration", None)
+        run_attrs = _run_attrs_to_store({"parameters": {}, **attrs}, "attrs")
+        attrs.pop("parameters", None)
+        attrs.pop("configuration", None)
         stored = _attrs_to_store(attrs, "attrs")
         _attrs_to_store({"title": title}, "attrs")
         with h5netcdf.File(tmp, "w") as f:
@@ -606,11 +636,8 @@ class NetCDFWriter:
             f.attrs["status"] = STATUS_RUNNING
             # CF-1.9: the first CF version that admits the int64 of `step` and integer attributes
             f.attrs["Conventions"] = "CF-1.9 SGRID-0.3"
-            f.attrs["parameters"] = _json(params)
-            for key, value in stored_params.items():
+            for key, value in run_attrs.items():
                 f.attrs[key] = value
-            if config is not None:
-                f.attrs["configuration"] = _json(config, sort_keys=True)
             for key, value in stored.items():
                 f.attrs[key] = value
             if has_time:
@@ -766,7 +793,9 @@ class NetCDFWriter:
         """Mark the file ``complete`` (or another status, e.g. ``"failed: …"``); a trailing
         incomplete frame is dropped. `attrs` are stored as global attributes, except the
         writer's own (``n_frames``, ``physjax_version``, ``Conventions``, ``parameter_*``),
-        refused with a ``ValueError`` before anything is written. So is a ``complete`` file
+        refused with a ``ValueError`` before anything is written; ``parameters`` and
+        ``configuration`` are stored as the writer stores them when it makes the file (JSON,
+        and ``parameters`` replaces every ``parameter_<name>`` copy). So is a ``complete`` file
         with a time-independent variable never written by `write_static` (HDF5 would read
         it as zeros, a field like any other). Once finished, the writer's `append` and
         `write_static` raise ``ValueError`` (a frame added to a ``complete`` file left it
@@ -774,7 +803,9 @@ class NetCDFWriter:
         _refuse_writer_attrs(attrs, "finish")
         if not isinstance(status, str) or not status:
             raise ValueError(f"finish: status must be a non-empty string, got {status!r}")
-        stored = _attrs_to_store({"status": status, **attrs}, "finish")
+        attrs = dict(attrs)
+        run_attrs = _run_attrs_to_store(attrs, "finish")
+        stored = {**_attrs_to_store({"status": status, **attrs}, "finish"), **run_attrs}
         with self._open() as f:
             if status == STATUS_COMPLETE:
                 unwritten = [
@@ -788,6 +819,10 @@ class NetCDFWriter:
                         f"{self.path!r} were never written; give them to write_static first"
                     )
             _drop_incomplete_frame(f)
+            if "parameters" in stored:  # the copies of parameters no longer given go
+                for key in [k for k in f.attrs if str(k).startswith("parameter_")]:
+                    if key not in stored:
+                        del f.attrs[key]
             for key, value in stored.items():
                 f.attrs[key] = value
         self._finished = status
@@ -1034,14 +1069,24 @@ def _reading(path: str):
     except BlockingIOError:
         raise
     except (KeyError, RuntimeError, OSError) as e:
-        raise ValueError(f"cannot read {path!r}: {error_text(e)}") from None
+        # met half the time reading a running file ("addr overflow"): a caller retrying on
+        # BlockingIOError alone did not know this one passes too
+        hint = (
+            "; a file a run is still writing can be read in the middle of an append: read "
+            "it through physjax.io.read_retrying, which tries again"
+            if transient_error(e) is not None
+            else ""
+        )
+        raise ValueError(f"cannot read {path!r}: {error_text(e)}{hint}") from None
 
 
 def read_attrs(path: str | os.PathLike) -> dict[str, Any]:
     """Global attributes of a physjax file, with ``configuration``/``parameters`` decoded.
     Raises ``ValueError`` for a path that is missing, not a NetCDF4/HDF5 file, damaged or
     truncated, or has a malformed attribute, ``BlockingIOError`` while a frame is being
-    appended."""
+    appended. A file a run is still writing can also raise a passing ``ValueError`` (HDF5
+    met the file mid-append, the message says so): read it through
+    [`physjax.io.read_retrying`][], which tries again on both."""
     path = os.fspath(path)
     with _reading(path) as f:
         attrs = {k: _decode(v) for k, v in f.attrs.items()}
@@ -1071,7 +1116,8 @@ def read_frame(path: str | os.PathLike, index: int = -1) -> dict[str, Any]:
     ``index`` (an integer: a Python, NumPy or 0-d JAX one) counts complete frames only
     (``-1``: the last). Raises ``ValueError`` for a file that is missing, not NetCDF4/HDF5,
     damaged or truncated, or has no time axis, ``BlockingIOError`` while a frame is being
-    appended."""
+    appended; of a file a run is still writing, read it through
+    [`physjax.io.read_retrying`][] (as for [`physjax.io.read_attrs`][])."""
     path = os.fspath(path)
     try:  # a 0-d integer array too (jnp.int32(-1) was refused as "not an integer")
         if isinstance(index, (bool, np.bool_)):
