@@ -135,7 +135,10 @@ def load_config(
         raise ValueError(f"--config: {path!r} is not a regular file (a device or pipe)")
     try:
         with open(path, "rb") as f:
-            raw = tomllib.load(f)
+            text = f.read()
+        # a byte-order mark (as some Windows editors save UTF-8) was "Invalid statement (at
+        # line 1, column 1)", with nothing to see there
+        raw = tomllib.loads(text.decode("utf-8-sig"))
     except FileNotFoundError:
         raise ValueError(f"--config: file {path!r} does not exist") from None
     except IsADirectoryError:
@@ -263,9 +266,10 @@ def _same_value(a, b) -> bool:
 
 def _config_hint(args: argparse.Namespace, message: str) -> str:
     """`` (from nx = -4 in --config 'run.toml')`` when ``message`` starts with an option
-    (``--nx must be ...``) whose value came from the config file, else ``''``: the message
-    names the option, which the user did not type."""
-    m = re.match(r"--([a-z][a-z0-9-]*)\b", message)
+    (``--nx must be ...``, or ``--resume continues ...; --nx 24 differs ...``) whose value
+    came from the config file, else ``''``: the message names the option, which the user
+    did not type."""
+    m = re.match(r"(?:--resume continues .*?; )?--([a-z][a-z0-9-]*)\b", message)
     from_config = getattr(args, "_config_settings", None) or {}
     if m is None:
         return ""

@@ -185,6 +185,15 @@ def test_a_bad_value_from_the_config_file_says_it_came_from_there(tmp_path, caps
     code, err = _error(capsys, ["poisson", "--config", str(cfg), "--output", str(out)])
     assert code == 2 and f"(from nx = -4 in --config {str(cfg)!r})" in err
     assert not out.exists()
+    # with --resume the stored run's setting was reported as a --nx the user never typed
+    run = tmp_path / "run.h5"
+    assert main(["shallow-water", *FAST, "--output", str(run)]) == 0
+    cfg.write_text("nx = 24\n")
+    code, err = _error(
+        capsys, ["shallow-water", "--resume", "--config", str(cfg), "--output", str(run)]
+    )
+    differs = "--nx 24 differs from the stored 16 (leave it out, or start a new run)"
+    assert code == 2 and f"{differs} (from nx = 24 in --config {str(cfg)!r})" in err, err
 
 
 def test_wrong_parameter_type_on_the_command_line(tmp_path, capsys):
@@ -542,6 +551,15 @@ def test_output_and_plot_on_the_same_path_are_refused(tmp_path, capsys):
             code, err = _error(capsys, argv)
             assert code == 2 and f"--plot {str(plot)!r} is the output file itself" in err
             assert not data.exists()
+
+
+def test_config_saved_with_a_byte_order_mark_is_read(tmp_path, capsys):
+    """A UTF-8 file saved with a byte-order mark (as some Windows editors do) was refused:
+    "is not valid TOML: Invalid statement (at line 1, column 1)", nothing to see there."""
+    path = tmp_path / "c.toml"
+    path.write_bytes(b"\xef\xbb\xbfcase = 'no-such-case'\r\n")
+    code, err = _error(capsys, ["shallow-water", "--config", str(path), "--output", "o.h5"])
+    assert code == 2 and "no-such-case" in err and "not valid TOML" not in err, err
 
 
 @pytest.mark.parametrize("content", [None, b'case = "gravity-wave\xff"\n'])

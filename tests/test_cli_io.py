@@ -992,10 +992,16 @@ def test_read_helpers_name_odd_inputs(tmp_path, capsys):
     capsys.readouterr()
     assert main(["shallow-water", "--resume", "--quiet", "--output", str(bad)]) == 2
     assert "'configuration' attribute is not valid JSON" in capsys.readouterr().err
+    # altered counts: -1 was read as "-1 frames (0 to -2, or -1 to --1)", 2.5 as 2
+    for altered in ("abc", -1, 2.5, True):
+        with h5py.File(bad, "a") as f:
+            f.attrs["n_frames"] = altered
+        count = r"attribute n_frames must be a count of frames \(an integer >= 0\), got"
+        with pytest.raises(ValueError, match=rf"bad.h5': {count} {re.escape(repr(altered))};"):
+            read_frame(bad)
     with h5py.File(bad, "a") as f:
-        f.attrs["n_frames"] = "abc"
-    with pytest.raises(ValueError, match=r"attribute n_frames must be an integer, got 'abc'"):
-        read_frame(bad)
+        f.attrs["n_frames"] = np.array([2], np.int64)  # stored 1-d, as h5netcdf writes it
+    assert read_frame(bad)["step"] == read_frame(run, 1)["step"]
 
 
 def test_resume_with_another_physjax_version_is_noted(tmp_path, capsys):

@@ -953,22 +953,27 @@ def _complete_frames_h5(h5: h5py.File) -> int:
     size = time_axis.shape[0]
     for ref, axis in time_axis.attrs.get("REFERENCE_LIST", ()):
         size = max(size, h5[ref].shape[int(axis)])
-    n = h5.attrs.get("n_frames")
-    if isinstance(n, np.ndarray) and n.shape == (1,):  # stored 1-d, read back bare by h5netcdf
-        n = n[0]
-    return _frames_counted(n, size, None)
+    return _frames_counted(h5.attrs.get("n_frames"), size, None)
 
 
 def _frames_counted(n: Any, size: int, path: str | None) -> int:
     if n is None:
         return size
+    where = f"{path!r}" if path else "the file"
+    if isinstance(n, np.ndarray) and n.size == 1:  # stored 1-d, as h5netcdf writes it
+        n = n.reshape(())[()]
+    value = _decode(n)
+    # -1 was read as "-1 frames (0 to -2, or -1 to --1)", and 2.5 as 2 without a word
     try:
-        return min(int(n), size)
-    except (TypeError, ValueError):
-        where = f"{path!r}" if path else "the file"
+        count = operator.index(value)
+    except TypeError:
+        count = None
+    if isinstance(value, bool) or count is None or count < 0:
         raise ValueError(
-            f"{where}: attribute n_frames must be an integer, got {_decode(n)!r}"
+            f"{where}: attribute n_frames must be a count of frames (an integer >= 0), got "
+            f"{value!r}; the file was not written by physjax, or has been altered"
         ) from None
+    return min(count, size)
 
 
 def _drop_incomplete_frame(f: h5netcdf.File) -> None:
