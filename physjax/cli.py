@@ -271,7 +271,7 @@ def _config_hint(args: argparse.Namespace, message: str) -> str:
     did not type."""
     m = re.match(r"(?:--resume continues .*?; )?--([a-z][a-z0-9-]*)\b", message)
     from_config = getattr(args, "_config_settings", None) or {}
-    if m is None:
+    if m is None or " in --config " in message:  # it names the file already
         return ""
     key = m.group(1).replace("-", "_")
     if key not in from_config or getattr(args, key, None) is not None:

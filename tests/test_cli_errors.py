@@ -164,6 +164,7 @@ def test_config_values_of_the_wrong_type_name_the_setting(tmp_path, capsys, toml
     assert code == 2
     assert match in err
     assert "Traceback" not in err
+    assert err.count(str(cfg)) <= 1, err  # "dt and cfl" named the file twice
     assert not out.exists()
 
 

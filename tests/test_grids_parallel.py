@@ -393,8 +393,9 @@ def test_locations_parities_and_widths_are_checked():
             g,
             [Variable("q", ("center", "centre"), "1", "q")],
         )
-    with pytest.raises(ValueError, match="Variable.name must be a non-empty netCDF name"):
-        NetCDFWriter("/nonexistent-dir-is-not-reached/q.h5", g, [Variable("a/b", CENTRE, "1", "q")])
+    for name in ("a/b", ".", ".."):
+        with pytest.raises(ValueError, match="Variable.name must be a non-empty netCDF name"):
+            NetCDFWriter("/nonexistent-dir/q.h5", g, [Variable(name, CENTRE, "1", "q")])
 
 
 def test_variable_units_long_name_and_time_dependence_are_checked(tmp_path):

@@ -458,10 +458,12 @@ class NetCDFWriter:
             raise ValueError(f"variables: the name(s) {doubled} are given more than once")
         for v in variables:  # before anything is created or opened
             check_location(v.location, grid.ndim, "Variable.location")
-            if not isinstance(v.name, str) or not v.name or "/" in v.name:
-                # "a/b" made a group "a" holding "b", a variable no reader of the file saw
+            if not isinstance(v.name, str) or v.name in ("", ".", "..") or "/" in v.name:
+                # "a/b" made a group "a" holding "b", a variable no reader of the file saw;
+                # "." stopped in h5py with "name already exists", naming neither
                 raise ValueError(
-                    f"Variable.name must be a non-empty netCDF name without '/', got {v.name!r}"
+                    f"Variable.name must be a non-empty netCDF name without '/' (and not '.' "
+                    f"or '..'), got {v.name!r}"
                 )
             for field in ("units", "long_name"):
                 # None stopped in h5py, after the checks, with "Object dtype dtype('O') has
