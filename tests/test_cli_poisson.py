@@ -173,6 +173,40 @@ def _write_rhs(path, f, dx, dy, x0=0.0, y0=0.0, units="s-1", time=False):
     ds.to_netcdf(path, engine="h5netcdf")
 
 
+def test_read_static_gives_a_solves_fields_and_read_frame_points_to_it(tmp_path):
+    """physjax.io had no reader for fields without a time axis: a Poisson file's u, f and
+    residual could be read only with xarray or h5py, and read_frame called the file "not a
+    physjax output file with frames". read_static gives them, as stored; the Dirichlet
+    solve they hold satisfies the second-order system to round-off."""
+    from physjax.io import read_frame, read_static
+
+    code, out = _poisson(tmp_path, "--case", "dirichlet", "--n", "32", "--precision", "float64")
+    assert code == 0
+    fields = read_static(out)
+    assert sorted(fields) == ["error", "f", "residual", "u", "u_exact"]
+    with h5py.File(out, "r") as f:
+        for name, value in fields.items():
+            np.testing.assert_array_equal(value, f[name][...])
+        spacing = tuple(float(f[c][1] - f[c][0]) for c in ("y", "x"))
+    lap = _fd_laplacian(fields["u"], spacing, ("dirichlet",) * 2)
+    scale = float(np.abs(fields["f"]).max())
+    assert float(np.abs(lap - fields["f"]).max()) <= 1e-10 * scale
+    with pytest.raises(ValueError, match=r"has no time axis, so no frames: .*read_static"):
+        read_frame(out)
+    # a shallow-water run's one time-independent field, and a file of frames alone
+    sw = tmp_path / "sw.h5"
+    run = ["shallow-water", "--case", "gravity-wave", "--n", "16", "--t-end", "600", "--quiet"]
+    assert main([*run, "--output", str(sw)]) == 0
+    assert list(read_static(sw)) == ["bottom"]
+    from physjax.io import NetCDFWriter, Variable
+
+    g = Grid((2, 3), (2.0, 3.0), dtype="float64")
+    w = NetCDFWriter(tmp_path / "f.h5", g, [Variable("h", ("centre", "centre"), "m", "h")])
+    w.append(0.0, 0, {"h": np.ones(g.shape)})
+    with pytest.raises(ValueError, match=r"f.h5' holds no time-independent field on a grid"):
+        read_static(w.path)
+
+
 def test_user_rhs_takes_the_files_grid(tmp_path):
     rng = np.random.default_rng(1)
     f = rng.normal(size=(24, 40))

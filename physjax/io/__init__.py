@@ -39,6 +39,9 @@ from ._netcdf import (
 from ._netcdf import (
     read_frame as read_frame,
 )
+from ._netcdf import (
+    read_static as read_static,
+)
 from ._reading import (
     read_retrying as read_retrying,
 )

@@ -1118,6 +1118,29 @@ def _decode(v):
     return v
 
 
+def read_static(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Every time-independent field of a physjax file, by name: all of a
+    ``physjax poisson`` file's (``u``, ``f``, ``residual``, ...), a shallow-water run's
+    ``bottom``. Fields are the variables on the grid (those with SGRID's ``grid``
+    attribute); coordinates and the grid's topology variable are left out. Raises
+    ``ValueError`` for a file that is missing, not NetCDF4/HDF5, damaged or truncated, or
+    that holds no time-independent field, ``BlockingIOError`` while a frame is being
+    appended (read a running file through [`physjax.io.read_retrying`][])."""
+    path = os.fspath(path)
+    with _reading(path) as f:
+        out = {
+            name: np.asarray(var[...])
+            for name, var in f.variables.items()
+            if "time" not in var.dimensions and "grid" in var.attrs and var.dimensions
+        }
+    if not out:
+        raise ValueError(
+            f"{path!r} holds no time-independent field on a grid (read its frames with "
+            "physjax.io.read_frame)"
+        )
+    return out
+
+
 def read_frame(path: str | os.PathLike, index: int = -1) -> dict[str, Any]:
     """One complete frame of every time-dependent variable, plus ``time`` and ``step``;
     ``index`` (an integer: a Python, NumPy or 0-d JAX one) counts complete frames only
@@ -1134,7 +1157,10 @@ def read_frame(path: str | os.PathLike, index: int = -1) -> dict[str, Any]:
         raise TypeError(f"index must be an integer frame number, got {index!r}") from None
     with _reading(path) as f:
         if "time" not in f.dimensions:
-            raise ValueError(f"{path!r} has no time axis: not a physjax output file with frames")
+            raise ValueError(
+                f"{path!r} has no time axis, so no frames: read its time-independent fields "
+                "(a Poisson solve's) with physjax.io.read_static"
+            )
         n = _complete_frames(f, path)
         if n == 0:
             raise ValueError(f"{os.fspath(path)!r} holds no frame")
