@@ -391,9 +391,9 @@ def _run_attrs_to_store(attrs: dict[str, Any], what: str) -> dict[str, Any]:
             )
         )
         stored["parameters"] = _json(params)
-    if attrs.get("configuration", None) is not None:
-        stored["configuration"] = _json(attrs.pop("configuration"), sort_keys=True)
-    attrs.pop("configuration", None)
+    config = attrs.pop("configuration", None)
+    if config is not None:
+        stored["configuration"] = _json(config, sort_keys=True)
     return stored
 
 
@@ -581,9 +581,8 @@ class NetCDFWriter:
         g = self.grid
         dtype = np.dtype(g.dtype)
         title = str(attrs.pop("title", "physjax output"))
-        run_attrs = _run_attrs_to_store({"parameters": {}, **attrs}, "attrs")
-        attrs.pop("parameters", None)
-        attrs.pop("configuration", None)
+        attrs.setdefault("parameters", {})  # every file records its parameters
+        run_attrs = _run_attrs_to_store(attrs, "attrs")
         stored = _attrs_to_store(attrs, "attrs")
         _attrs_to_store({"title": title}, "attrs")
         with h5netcdf.File(tmp, "w") as f:
