@@ -287,6 +287,31 @@ def read_field(spec: str, frame: int | None, option: str, strict: bool = True) -
     return read_retrying(spec.rsplit(":", 1)[0], read, prefix=f"--{option}: ")
 
 
+def _netcdf4_dimension_scales(ds) -> list | None:
+    """The dimension scale of each dimension of a netCDF-4 variable that is itself a
+    dimension scale (named like its first dimension), by the ids in its
+    ``_Netcdf4Coordinates`` and the ``_Netcdf4Dimid`` of the scales in its group and the
+    groups above; ``None`` where they do not tell them all."""
+    import h5py
+
+    ids = ds.attrs.get("_Netcdf4Coordinates")
+    if ids is None or np.ndim(ids) != 1 or len(ids) != ds.ndim:
+        return None
+    found: dict[int, Any] = {}
+    group = ds.parent
+    while True:
+        for obj in group.values():  # the innermost group's dimension first
+            scale = isinstance(obj, h5py.Dataset) and obj.is_scale  # (variables carry ids too)
+            dimid = obj.attrs.get("_Netcdf4Dimid") if scale else None
+            if dimid is not None and np.size(dimid) == 1:
+                found.setdefault(int(np.asarray(dimid).ravel()[0]), obj)
+        if group.name == "/":
+            break
+        group = group.parent
+    scales = [found.get(int(i)) for i in ids]
+    return None if any(s is None for s in scales) else scales
+
+
 def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict[str, Any]:
     import h5py
 
@@ -316,11 +341,17 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
                 f"dimensions: {have}"
             )
         dims, coords, coord_units, timelike, boundaries, positive = [], [], [], [], [], []
-        for d in ds.dims:
+        # netCDF-4 makes a variable that shares its name with its first dimension, lev(lev,
+        # y, x), that dimension's scale and attaches none to it: its dimensions are then
+        # found by their netCDF ids
+        own = _netcdf4_dimension_scales(ds) if ds.is_scale and ds.ndim > 1 else None
+        for k, d in enumerate(ds.dims):
             scales = list(d.values())
             scale = scales[0] if scales else None
+            if scale is None and own is not None:
+                scale = own[k]
             label = scale.name.rsplit("/", 1)[-1] if scale is not None else (d.label or None)
-            if label is None and ds.is_scale:  # a coordinate variable is its own dimension
+            if label is None and ds.is_scale and k == 0:  # a variable is its own dimension
                 label = ds.name.rsplit("/", 1)[-1]
             dims.append(label)
             values = unit = None

@@ -885,6 +885,30 @@ def test_output_paths_and_config_errors(tmp_path, capsys, rhs_file):
     assert "physjax poisson:" not in capsys.readouterr().err  # no status line
 
 
+def test_a_variable_named_like_its_first_dimension_keeps_the_files_grid(tmp_path, capsys):
+    """netCDF-4 makes lev(lev, y, x) the scale of its own first dimension and attaches no
+    scale to its other dimensions: they are found by their netCDF ids. (Before, every
+    dimension was labelled 'lev' and the file's x/y coordinates were dropped: a solve on a
+    1-m box, a solution wrong by a factor of 1.8e8, exit 0.)"""
+    y, x = 1e3 * (np.arange(8) + 0.5), 1e3 * (np.arange(12) + 0.5)
+    f = np.sin(2 * np.pi * x / 12e3)[None, :] * np.cos(2 * np.pi * y / 8e3)[:, None]
+    src = tmp_path / "lev.nc"
+    xr.Dataset(
+        {"lev": (("lev", "y", "x"), f[None]), "same": (("y", "x"), f)},
+        coords={"x": ("x", x, {"units": "m"}), "y": ("y", y, {"units": "m"})},
+    ).to_netcdf(src, engine="h5netcdf")
+    results = {}
+    for name in ("lev", "same"):
+        code, out = _poisson(tmp_path, "--rhs", f"{src}:{name}", "--bc", "periodic", name=name)
+        assert code == 0
+        with xr.open_dataset(out) as ds:
+            assert json.loads(ds.attrs["configuration"])["extent"] == [8e3, 12e3]  # (y, x)
+            np.testing.assert_allclose(ds["x"], x)
+            results[name] = ds["u"].values
+    np.testing.assert_array_equal(results["lev"], results["same"])
+    assert "dimensions ('lev', 'y', 'x')" in capsys.readouterr().err  # the size-1 level dropped
+
+
 def test_coordinate_units(tmp_path, capsys):
     f = np.random.default_rng(3).normal(size=(8, 16))
     km = tmp_path / "km.nc"
