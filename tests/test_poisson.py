@@ -1020,6 +1020,50 @@ def test_a_guess_on_the_device_is_not_read_before_an_eager_solve(method, monkeyp
     assert _rel(quiet.solve(f, initial_guess=inf).u, solver(f)) <= 1e-8
 
 
+@pytest.mark.parametrize("method", ["cg", "multigrid"])
+def test_a_guess_with_an_inf_is_dropped_on_a_singular_problem_too(method):
+    """On a periodic/Neumann problem the guess's mean is removed first: an Inf in it made
+    every value NaN, whose residual is kept, so the solve ended at once, not converged
+    (u all NaN), where the same guess is dropped on a problem with walls."""
+    grid = _grid((32, 32), (False, True))
+    f = np.random.default_rng(14).normal(size=grid.shape)
+    f = jnp.asarray(f - f.mean())
+    quiet = PoissonSolver(grid, ("neumann", "periodic"), method, throw=False)
+    inf = jnp.zeros(grid.shape).at[5, 7].set(jnp.inf)
+    for run in (quiet.solve, jax.jit(lambda f, g: quiet.solve(f, initial_guess=g))):
+        sol = run(f, initial_guess=inf) if run == quiet.solve else run(f, inf)
+        assert bool(sol.converged) and int(sol.iterations) > 0
+        assert _rel(sol.u, quiet(f)) <= 1e-8 and abs(float(jnp.mean(sol.u))) <= 1e-14
+    nan = inf.at[5, 7].set(jnp.nan)  # a NaN is still kept, and named
+    with pytest.raises(ValueError, match=r"initial_guess has 1 non-finite value\(s\)"):
+        quiet.solve(f, initial_guess=nan)
+
+
+def test_a_scalar_coefficient_set_with_tree_at_is_every_cells():
+    """The constructor takes one number as the coefficient of every cell; set with
+    ``eqx.tree_at`` (as a loss differentiated with respect to one diffusivity does) it was
+    refused as not of the grid's shape."""
+    grid = _grid((16, 16), False)
+    f = jnp.asarray(np.random.default_rng(15).normal(size=grid.shape))
+    solver = PoissonSolver(grid, "dirichlet", "cg", coefficient=1.0, rtol=1e-12)
+
+    def edited(a):
+        return eqx.tree_at(lambda s: s.coefficient, solver, a)
+
+    u0 = solver(f)
+    new = PoissonSolver(grid, "dirichlet", "cg", coefficient=2.5, rtol=1e-12)
+    assert _rel(edited(2.5)(f), new(f)) <= 1e-13
+    assert _rel(edited(2.5).operator(u0), new.operator(u0)) <= 1e-15
+    assert _rel(edited(np.float32(2.5)).residual(u0, f), new.residual(u0, f)) <= 1e-15
+    # d/da Σ (u0/a)² = -2 Σ u0² / a³, eagerly and under jit
+    exact = -2 * float(jnp.sum(u0**2)) / 2.5**3
+    for grad in (jax.grad, lambda g: jax.jit(jax.grad(g))):
+        got = float(grad(lambda a: jnp.sum(edited(a)(f) ** 2))(2.5))
+        assert got == pytest.approx(exact, rel=1e-8)
+    with pytest.raises(ValueError, match="coefficient must be finite and > 0"):
+        edited(-1.0)(f)
+
+
 def test_compatibility_check_of_a_field_that_vanishes_on_the_sampled_rows():
     # Called eagerly, the spectral check first measures max |f| on a few evenly spaced rows;
     # where f vanishes there the full max decides, with the same verdict and message.
@@ -2190,7 +2234,9 @@ def test_a_solver_edited_with_tree_at_equals_a_new_one():
     # what the constructor refuses is refused after an edit too
     with pytest.raises(ValueError, match="shift must be finite and > 0"):
         edit(base, "shift", jnp.asarray(-1.0)).solve(f)
-    with pytest.raises(ValueError, match=r"coefficient must have the grid's shape \(32, 32\)"):
+    with pytest.raises(
+        ValueError, match=r"coefficient must be one number or have the grid's shape \(32, 32\)"
+    ):
         edit(base, "coefficient", jnp.ones((3, 3))).solve(f)
     with pytest.raises(ValueError, match=r"shift must be a scalar or have the grid's shape"):
         edit(base, "shift", jnp.ones((3, 3))).solve(f)

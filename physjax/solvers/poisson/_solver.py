@@ -277,55 +277,7 @@ class PoissonSolver(eqx.Module):
         self.laplacian = str(laplacian)
         self.throw = bool(throw)
 
-        if coefficient is not None:
-            if method == "spectral":
-                raise ValueError(
-                    "coefficient is not supported by method='spectral', which solves the "
-                    "constant-coefficient Laplacian only: for a field use method='cg' or "
-                    "'multigrid'; for one number a, ∇·(a∇u) = f is ∇²u = f/a (a shift C "
-                    "becomes C/a), which spectral solves exactly"
-                )
-            if isinstance(coefficient, (str, bytes)):
-                raise ValueError(f"coefficient must be real (and > 0), got {coefficient!r:.80}")
-            _check_positive_in_range(coefficient, "coefficient", grid.dtype)
-            try:
-                given = jnp.asarray(coefficient)
-            except (TypeError, ValueError) as err:  # ragged lists, objects
-                raise ValueError(
-                    f"coefficient must be a positive number or a real array of the grid's "
-                    f"shape {grid.shape}, got {coefficient!r:.80} ({err!s:.80})"
-                ) from None
-            if jnp.iscomplexobj(given):
-                raise ValueError("coefficient must be real (and > 0), got a complex array")
-            if given.dtype == bool or not jnp.issubdtype(given.dtype, jnp.number):
-                # True is not a coefficient of 1
-                raise ValueError(f"coefficient must be real (and > 0), got dtype {given.dtype}")
-            coefficient = given.astype(grid.dtype)
-            if coefficient.ndim == 0:  # a constant: the same at every cell
-                coefficient = jnp.broadcast_to(coefficient, grid.shape)
-            if coefficient.shape != grid.shape:
-                raise ValueError(
-                    f"coefficient must have the grid's shape {grid.shape}, got {coefficient.shape}"
-                )
-            if is_concrete(coefficient):
-                a = np.asarray(coefficient)
-                _check_normal(a, "coefficient")
-                if not np.all(np.isfinite(a)) or not np.all(a > 0):
-                    raise ValueError(
-                        f"coefficient must be finite and > 0 everywhere, got {_least(a)}"
-                    )
-                # split like the grid once, here: a coefficient committed to one device
-                # (jax.device_put) would be refused by the compiled call's device check
-                coefficient = place_on_mesh(coefficient, grid, mesh)
-            else:
-                coefficient = error_if(
-                    coefficient,
-                    ~jnp.all(jnp.isfinite(coefficient) & (coefficient > 0)),
-                    "coefficient must be finite and > 0 everywhere",
-                    grid,
-                    mesh,
-                )
-        self.coefficient = coefficient
+        self.coefficient = _check_coefficient(coefficient, grid, method, mesh)
         self.shift = _check_shift(shift, grid, method, mesh)
 
         local = _internal_grid(grid)
@@ -493,12 +445,13 @@ class PoissonSolver(eqx.Module):
     def rhs(self, f, boundary_values: Mapping[str, Any] | None = None) -> jax.Array:
         """The right-hand side of the homogeneous problem (boundary values folded in)."""
         f = self._check_field(f, "f")
-        return fold_boundary_values(f, self.grid, self.bc, boundary_values, self.coefficient)
+        solver = _mended(self)
+        return fold_boundary_values(f, self.grid, self.bc, boundary_values, solver.coefficient)
 
     def operator(self, u) -> jax.Array:
         """Apply the homogeneous discrete operator ``A u`` (one device), the Helmholtz term
         ``- shift u`` included."""
-        return _operator_jit(self, self._check_field(u, "u"))
+        return _operator_jit(_mended(self), self._check_field(u, "u"))
 
     def residual(self, u, f, boundary_values: Mapping[str, Any] | None = None) -> jax.Array:
         """``f - A u`` with the boundary values folded into ``f``."""
@@ -636,7 +589,12 @@ class PoissonSolver(eqx.Module):
                 b = mg.remove_mean(b, fine)
                 # the zero-mean gauge holds for the returned u even when the guess is
                 # already within the tolerance (no iteration then)
-                start = None if x0 is None else mg.remove_mean(x0, fine)
+                if x0 is not None:
+                    # (an Inf in the guess would turn every value NaN here, and a NaN
+                    # residual is kept: left as given, its Inf residual exceeds ‖f‖ and the
+                    # guess is dropped, as on a problem with walls)
+                    centred = mg.remove_mean(x0, fine)
+                    start = jnp.where(jnp.isfinite(centred), centred, x0)
             # Iterate on (A / 2^k) u' = b / 2^e, 2^e ~ max|b|, u = 2^(e-k) u': the norms
             # are square roots of sums of squares, which underflow or overflow for data far
             # from 1 (|f| ~ 1e-20 in float32, 1e±170 in float64) and would then stop the
@@ -950,21 +908,7 @@ def _dispatch(solver: PoissonSolver, f, boundary_values, fast, general, guess=No
     bound-method module at every attribute access, a noticeable part of a small solve.
     """
     cls = type(solver)
-    _check_edited_operator(solver)
-    if solver.shift is not None and not isinstance(solver.shift, jax.Array):
-        # a Python or NumPy number set with eqx.tree_at (the constructor's conversion
-        # skipped): the solve needs an array of the grid's dtype, traced under jit
-        shift = _check_shift(solver.shift, solver.grid, solver.method, solver.mesh)
-        solver = eqx.tree_at(lambda s: s.shift, solver, shift)
-    if any(_committed_elsewhere(x, solver.mesh) for x in (solver.coefficient, solver.shift)):
-        # set with eqx.tree_at (the constructor's placement skipped) from an array committed
-        # to one device, which the compiled call's device check would refuse
-        solver = eqx.tree_at(
-            lambda s: (s.coefficient, s.shift),
-            solver,
-            place_on_mesh((solver.coefficient, solver.shift), solver.grid, solver.mesh),
-            is_leaf=lambda v: v is None,
-        )
+    solver = _mended(solver)
     given = f
     f = cls._check_field(solver, f, "f")
     _check_finite_host_field(given, "f", solver.grid.dtype)
@@ -1263,16 +1207,40 @@ def _check_finite_boundary_values(boundary_values, dtype) -> None:
 _SHIFT_NOT_POSITIVE = "shift must be finite and > 0 everywhere"
 
 
+def _mended(solver: PoissonSolver) -> PoissonSolver:
+    """``solver`` with a ``coefficient`` or ``shift`` set by ``eqx.tree_at`` (which skips
+    the constructor) checked and converted as the constructor does: one number broadcast
+    to a coefficient field, a Python or NumPy shift made an array of the grid's dtype
+    (traced under jit), arrays committed to one device placed on the mesh."""
+    _check_edited_operator(solver)
+    if solver.coefficient is not None and np.ndim(solver.coefficient) == 0:
+        coefficient = _check_coefficient(
+            solver.coefficient, solver.grid, solver.method, solver.mesh
+        )
+        solver = eqx.tree_at(lambda s: s.coefficient, solver, coefficient)
+    if solver.shift is not None and not isinstance(solver.shift, jax.Array):
+        shift = _check_shift(solver.shift, solver.grid, solver.method, solver.mesh)
+        solver = eqx.tree_at(lambda s: s.shift, solver, shift)
+    if any(_committed_elsewhere(x, solver.mesh) for x in (solver.coefficient, solver.shift)):
+        # the compiled call's device check would refuse them
+        solver = eqx.tree_at(
+            lambda s: (s.coefficient, s.shift),
+            solver,
+            place_on_mesh((solver.coefficient, solver.shift), solver.grid, solver.mesh),
+            is_leaf=lambda v: v is None,
+        )
+    return solver
+
+
 def _check_edited_operator(solver: PoissonSolver) -> None:
     """The constructor's checks of ``coefficient`` and ``shift`` that cost nothing, again
     (``eqx.tree_at`` skips ``__init__``): their shapes, and a scalar shift's value when it
     has one. A coefficient field's values are read by the constructor only."""
     shape = solver.grid.shape
     a, c = solver.coefficient, solver.shift
-    if a is not None and tuple(np.shape(a)) != shape:
+    if a is not None and np.ndim(a) and tuple(np.shape(a)) != shape:
         raise ValueError(
-            f"coefficient must have the grid's shape {shape}, got {np.shape(a)} (a constant "
-            f"coefficient c: jnp.full(grid.shape, c), or build a new PoissonSolver)"
+            f"coefficient must be one number or have the grid's shape {shape}, got {np.shape(a)}"
         )
     if a is not None and solver.method == "spectral":  # was solved as if a = 1
         raise ValueError(
@@ -1314,6 +1282,60 @@ def _least(values: np.ndarray) -> str:
     finite, for an error message (an all-NaN field has no smallest value: nan)."""
     least = np.nanmin(values) if np.any(~np.isnan(values)) else np.nan
     return f"min {least:.3g} (non-finite: {int(np.sum(~np.isfinite(values)))})"
+
+
+def _check_coefficient(coefficient: Any, grid: Grid, method: str, mesh: Mesh | None):
+    """The coefficient ``a`` as a field of the grid's shape and dtype (one number is
+    broadcast to every cell), checked: real, finite and > 0 (in Python when concrete,
+    through ``error_if`` when traced), and placed on ``mesh``."""
+    if coefficient is None:
+        return None
+    if method == "spectral":
+        raise ValueError(
+            "coefficient is not supported by method='spectral', which solves the "
+            "constant-coefficient Laplacian only: for a field use method='cg' or "
+            "'multigrid'; for one number a, ∇·(a∇u) = f is ∇²u = f/a (a shift C "
+            "becomes C/a), which spectral solves exactly"
+        )
+    if isinstance(coefficient, (str, bytes)):
+        raise ValueError(f"coefficient must be real (and > 0), got {coefficient!r:.80}")
+    _check_positive_in_range(coefficient, "coefficient", grid.dtype)
+    try:
+        given = jnp.asarray(coefficient)
+    except (TypeError, ValueError) as err:  # ragged lists, objects
+        raise ValueError(
+            f"coefficient must be a positive number or a real array of the grid's "
+            f"shape {grid.shape}, got {coefficient!r:.80} ({err!s:.80})"
+        ) from None
+    if jnp.iscomplexobj(given):
+        raise ValueError("coefficient must be real (and > 0), got a complex array")
+    if given.dtype == bool or not jnp.issubdtype(given.dtype, jnp.number):
+        # True is not a coefficient of 1
+        raise ValueError(f"coefficient must be real (and > 0), got dtype {given.dtype}")
+    coefficient = given.astype(grid.dtype)
+    if coefficient.ndim == 0:  # a constant: the same at every cell
+        coefficient = jnp.broadcast_to(coefficient, grid.shape)
+    if coefficient.shape != grid.shape:
+        raise ValueError(
+            f"coefficient must have the grid's shape {grid.shape}, got {coefficient.shape}"
+        )
+    if is_concrete(coefficient):
+        a = np.asarray(coefficient)
+        _check_normal(a, "coefficient")
+        if not np.all(np.isfinite(a)) or not np.all(a > 0):
+            raise ValueError(f"coefficient must be finite and > 0 everywhere, got {_least(a)}")
+        # split like the grid once, here: a coefficient committed to one device
+        # (jax.device_put) would be refused by the compiled call's device check
+        coefficient = place_on_mesh(coefficient, grid, mesh)
+    else:
+        coefficient = error_if(
+            coefficient,
+            ~jnp.all(jnp.isfinite(coefficient) & (coefficient > 0)),
+            "coefficient must be finite and > 0 everywhere",
+            grid,
+            mesh,
+        )
+    return coefficient
 
 
 def _check_shift(shift: Any, grid: Grid, method: str, mesh: Mesh | None) -> jax.Array | None:
