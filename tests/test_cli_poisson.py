@@ -889,7 +889,7 @@ def test_a_variable_named_like_its_first_dimension_keeps_the_files_grid(tmp_path
     """netCDF-4 makes lev(lev, y, x) the scale of its own first dimension and attaches no
     scale to its other dimensions: they are found by their netCDF ids. (Before, every
     dimension was labelled 'lev' and the file's x/y coordinates were dropped: a solve on a
-    1-m box, a solution wrong by a factor of 1.8e8, exit 0.)"""
+    1-m box, a solution wrong by a factor of ~1e8, exit 0.)"""
     y, x = 1e3 * (np.arange(8) + 0.5), 1e3 * (np.arange(12) + 0.5)
     f = np.sin(2 * np.pi * x / 12e3)[None, :] * np.cos(2 * np.pi * y / 8e3)[:, None]
     src = tmp_path / "lev.nc"
