@@ -649,8 +649,13 @@ def test_shard_map_fields_names_a_padded_result():
     mesh = make_mesh((2, 2))
     a = jnp.asarray(np.random.default_rng(0).normal(size=g.shape), g.dtype)
     padded = shard_map_fields(lambda G, f: laplacian(fill_halo(f, G), G), g, mesh)
-    with pytest.raises(ValueError, match=r"shape \(10, 10\), the grid's shape \(8, 8\) with its"):
+    with pytest.raises(ValueError, match=r"shape \(10, 10\), the grid's shape \(8, 8\) with a"):
         padded(a)
+    # padded by a width other than the grid's halo: refused with the same message, where it
+    # was taken for a non-field result "that differs from device to device, such as a sum"
+    wide = shard_map_fields(lambda G, f: fill_halo(f, G, width=2), g, mesh)
+    with pytest.raises(ValueError, match=r"shape \(12, 12\), .* with a halo of 2 cell"):
+        wide(a)
     good = shard_map_fields(lambda G, f: interior(laplacian(fill_halo(f, G), G), G), g, mesh)
     one = interior(laplacian(fill_halo(a, g), g), g)
     np.testing.assert_allclose(good(a), one, rtol=0, atol=1e-12 * float(jnp.abs(one).max()))
@@ -699,8 +704,15 @@ def test_shard_map_fields_names_a_padded_result_on_one_device_too():
             padded(a)
         with pytest.raises(ValueError, match=r"shape \(10, 10\), the grid's shape \(8, 8\)"):
             jax.jit(padded)(a)
+        # any width of halo, not only the grid's: (12, 12) was returned as it was
+        wide = shard_map_fields(lambda G, f: fill_halo(f, G, width=2), g, mesh)
+        with pytest.raises(ValueError, match=r"shape \(12, 12\), .* with a halo of 2 cell"):
+            wide(a)
         good = shard_map_fields(lambda G, f: (interior(fill_halo(f, G), G), 2.0), g, mesh)
         np.testing.assert_array_equal(good(a)[0], a)
+        # arrays that only share the trailing size of one axis are no padded fields
+        other = shard_map_fields(lambda G, f: (f, jnp.zeros((10, 8)), jnp.zeros((9, 11))), g, mesh)
+        assert [x.shape for x in other(a)] == [(8, 8), (10, 8), (9, 11)]
 
 
 @pytest.mark.multidevice

@@ -291,15 +291,20 @@ def _shard_map_call(fn: Callable[..., Any], grid: Grid, mesh: Mesh, args: tuple)
 
 
 def _refuse_padded(out: Any, grid: Grid) -> None:
-    """Refuse a result of ``shard_map_fields``'s ``fn`` with the grid's padded shape."""
-    padded = tuple(n + 2 * grid.halo for n in grid.shape)
+    """Refuse a result of ``shard_map_fields``'s ``fn`` with a padded shape: the grid's
+    shape with the same ``w >= 1`` cells added on each side of every axis (the grid's halo
+    or any other width given to ``fill_halo``)."""
     for leaf in jax.tree.leaves(out):
         shape = getattr(leaf, "shape", None)
-        if shape is not None and tuple(shape[len(shape) - grid.ndim :]) == padded:
+        if shape is None or len(shape) < grid.ndim:
+            continue
+        added = {m - n for m, n in zip(shape[len(shape) - grid.ndim :], grid.shape)}
+        if len(added) == 1 and (twice := added.pop()) > 0 and twice % 2 == 0:
             raise ValueError(
                 f"shard_map_fields: fn returned an array of shape {tuple(shape)}, the grid's "
-                f"shape {grid.shape} with its halo: a field result must have the grid's "
-                f"shape; return physjax.grids.interior(a, grid) of a padded field"
+                f"shape {grid.shape} with a halo of {twice // 2} cell(s): a field result must "
+                "have the grid's shape; return physjax.grids.interior(a, grid) of a padded "
+                "field (with width= the halo's width if it is not the grid's)"
             )
 
 
