@@ -647,16 +647,22 @@ def _note_staggered_walls(field: dict, bc, names, extent, shape) -> None:
     """A note on stderr for each walled axis along which the right-hand side lies on faces
     (``zeta`` on a run's corners, ``v`` on its y faces): the solve takes the values as cell
     centres, so its wall is half a cell beyond the first and last values, not where the
-    run's wall was (its first face lies on that wall)."""
+    run's wall was (its first face lies on that wall). Along an axis that the file records
+    as periodic the run had no walls there, and the note says only where the solve's are
+    (`_note_other_boundaries` names the periodic axis)."""
+    recorded = list(field.get("boundaries") or [None] * len(bc))
     for axis, (dim, b) in enumerate(zip(field["dims"], bc)):
         if b == "periodic" or not (dim or "").lower().endswith("_f"):
             continue
         name = names[axis]
+        walls = (
+            "" if recorded[axis] == "periodic" else ", not on the walls of the run that wrote it"
+        )
         _note(
             f"physjax poisson: note: {field['spec']} lies on {name} faces ({dim}); its "
             f"values are taken as cell centres, so the {b} boundaries are half a cell "
             f"(d{name}/2 = {extent[axis] / shape[axis] / 2:g} m) beyond its first and last "
-            f"values, not on the walls of the run that wrote it (docs/poisson.md)"
+            f"values{walls} (docs/poisson.md)"
         )
 
 

@@ -53,6 +53,9 @@ RUN_KEYS = (
     "quiet",
 )
 
+#: Options that a config file may not hold: which file, and whether to continue or replace it.
+COMMAND_LINE_ONLY = ("resume", "overwrite", "config", "param")
+
 #: The type of each setting a config file may hold ("number": an int or a float, not a bool).
 SETTING_TYPES = {
     "case": "string",
@@ -170,6 +173,18 @@ def load_config(
     written = {k.replace("-", "_"): k for k in raw}  # messages name the key as in the file
     raw = {k.replace("-", "_"): v for k, v in raw.items()}
     unknown = sorted(set(raw) - set(allowed) - ({"parameters"} if parameters else set()))
+    # (shallow-water's; poisson, without a [parameters] table, has no --resume or --param)
+    line_only = COMMAND_LINE_ONLY if parameters else ("overwrite", "config")
+    for key in (k for k in unknown if k in line_only):
+        # was refused as a typo, with the list of allowed keys to search for it
+        hint = {
+            "overwrite": "; a run that replaces data should say so where it is run",
+            "param": ", or set the parameters in a [parameters] table of this file",
+        }.get(key, "")
+        raise ValueError(
+            f"--config: {written[key]!r} in {path!r} is an option of the command line only: "
+            f"give --{key} there{hint}"
+        )
     if unknown:
         raise ValueError(
             f"--config: unknown setting(s) {[written[k] for k in unknown]} in {path!r}; allowed: "
@@ -203,6 +218,7 @@ def resolve_settings(
 ) -> dict:
     """Merge command line over config file; ``None`` means not given."""
     settings: dict[str, Any] = {"parameters": {}}
+    loaded: dict[str, Any] = {}
     if getattr(args, "config", None) is not None:
         loaded = load_config(args.config, keys, parameters)
         settings.update(loaded)
@@ -210,9 +226,11 @@ def resolve_settings(
         args._config_settings = {k: v for k, v in loaded.items() if k != "parameters"}
     for pair in EXCLUSIVE:
         given = [k for k in pair if getattr(args, k, None) is not None]
-        if len(given) == 2 or (not given and all(k in settings for k in pair)):
+        # the file's pair is refused whatever the command line says: one of its two values
+        # is a mistake, which an option given on the line would otherwise hide
+        if len(given) == 2 or all(k in loaded for k in pair):
             a, b = (f"--{k.replace('_', '-')}" for k in pair)
-            where = "on the command line" if given else f"in --config {args.config!r}"
+            where = "on the command line" if len(given) == 2 else f"in --config {args.config!r}"
             raise ValueError(
                 f"{a} and {b} exclude each other ({a} fixes the step, {b} chooses it as a "
                 f"fraction of the stability limit): give one of them, not both {where}"

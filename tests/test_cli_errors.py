@@ -3,6 +3,7 @@ and nothing written."""
 
 import json
 import os
+import re
 import sys
 
 import h5py
@@ -251,6 +252,48 @@ def test_dt_on_the_command_line_overrides_cfl_from_the_config(tmp_path):
     assert main(argv) == 0
     with xr.open_dataset(out) as ds:
         assert json.loads(ds.attrs["configuration"])["dt"] == 360.0
+
+
+@pytest.mark.parametrize("option", ["--dt", "--cfl"])
+def test_dt_and_cfl_together_in_the_config_are_refused_whatever_the_command_line(
+    tmp_path, capsys, option
+):
+    """A file holding both was refused alone, but ran (with the option given on the line)
+    when --dt or --cfl was also given: one of the file's two values is a mistake."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("dt = 100.0\ncfl = 0.3\n")
+    out = tmp_path / "o.h5"
+    value = "50" if option == "--dt" else "0.2"
+    argv = ["shallow-water", *FAST, "--config", str(cfg), option, value, "--output", str(out)]
+    code, err = _error(capsys, argv)
+    assert code == 2
+    assert "--dt and --cfl exclude each other" in err and f"in --config {str(cfg)!r}" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "command, key, match",
+    [
+        ("shallow-water", "resume = true", "'resume' in .* is an option of the command line "),
+        ("shallow-water", "overwrite = true", "give --overwrite there; a run that replaces"),
+        ("shallow-water", 'param = "coriolis=0"', "give --param there, or set the parameters"),
+        ("shallow-water", 'config = "b.toml"', "'config' in .* command line only: give --config"),
+        ("poisson", "overwrite = true", "'overwrite' in .* is an option of the command line "),
+        # poisson has no --resume: an unknown key there, with the list of the allowed ones
+        ("poisson", "resume = true", r"unknown setting\(s\) \['resume'\] in .*; allowed: case,"),
+        ("shallow-water", "resum = true", r"unknown setting\(s\) \['resum'\] in .*; allowed: "),
+    ],
+)
+def test_command_line_options_in_a_config_are_named_as_such(tmp_path, capsys, command, key, match):
+    """resume, overwrite, config and param in a config file were "unknown setting(s)", with
+    the list of allowed keys, as for a typo; the docs call them command-line only."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(key + "\n")
+    out = tmp_path / "o.h5"
+    code, err = _error(capsys, [command, "--config", str(cfg), "--output", str(out)])
+    assert code == 2
+    assert re.search(match, err), err
+    assert not out.exists()
 
 
 def test_config_parameters_take_hyphens_like_param(tmp_path, capsys):

@@ -296,7 +296,16 @@ def test_streamfunction_of_a_shallow_water_run(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{sw}:zeta lies on y faces (y_f)" in err
     assert f"dy/2 = {dy / 2:g} m" in err
+    assert "not on the walls of the run that wrote it" in err
     assert "x faces" not in err
+    # walls in x, where the run is periodic: no "walls of the run that wrote it" (it had
+    # none there), and the other note names the run's periodic x axis
+    code, _ = _poisson(tmp_path, "--rhs", f"{sw}:zeta", "--bc", "periodic,neumann", name="n.h5")
+    assert code == 0
+    err = capsys.readouterr().err
+    assert f"{sw}:zeta lies on x faces (x_f)" in err and "y faces" not in err
+    assert "walls of the run" not in err
+    assert "the x axis of" in err and "is periodic in the file that wrote it" in err
 
 
 def test_coefficient_from_file(tmp_path, capsys):
