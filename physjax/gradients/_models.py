@@ -206,13 +206,17 @@ def has_own_jet(fn) -> bool:
     """Whether ``fn`` is an [`AbstractNeuralField`][] whose ``jet`` describes its
     ``__call__``: a subclass that overrides ``__call__`` without its own ``jet`` (say a hard
     boundary condition, ``x (1 - x) net(x)``) would get the base network's derivatives from
-    the inherited ``jet``, so it takes the generic path instead."""
+    the inherited ``jet``, so it takes the generic path instead. The ``jet`` is trusted where
+    the class that defines it comes no later in the method resolution order than the one
+    that defines ``__call__``: a ``__call__`` from a mixin listed before the model
+    (``class Net(HardBC, MLP)``) counts as an override too (a subclass test missed it, the
+    mixin being no subclass of ``MLP``, and the hard boundary condition was dropped)."""
     if not isinstance(fn, AbstractNeuralField):
         return False
     mro = type(fn).__mro__
     call_owner = next(k for k in mro if "__call__" in vars(k))
     jet_owner = next(k for k in mro if "jet" in vars(k))
-    return not (call_owner is not jet_owner and issubclass(call_owner, jet_owner))
+    return mro.index(jet_owner) <= mro.index(call_owner)
 
 
 def _init_linears(sizes: Sequence[int], key: PRNGKeyArray, dtype) -> tuple[eqx.nn.Linear, ...]:
