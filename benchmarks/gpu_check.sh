@@ -16,17 +16,20 @@
 # xarray, matplotlib and tqdm; its log and PNG), and the spectral table of
 # benchmarks/poisson.py (physjax on the device against scipy.fft on the host's CPU).
 # CARRY=1 (also run by EXTRAS=1) adds benchmarks/sw_padded_carry.py, the step with the
-# state kept padded through the run, against the package's step at the largest two sizes
-# (float32; kernel and copy counts, %copy; the compiled programs' text beside the others).
+# state kept padded through the run, against the package's step at the last two of SIZES
+# (the largest two in the default, ascending order; float32; kernel and copy counts, %copy;
+# the compiled programs' text beside the others).
 # h5netcdf is not on the lent machines: for EXTRAS=1 carry it as a wheel in .whl/ (see the
 # device notes); the script installs .whl/*.whl into a temporary folder if h5netcdf is
 # missing, and says so in cli_gpu.log if it is still missing.
 # The device tool brings back at most 8 files from $OUT: with OUT set and more than 8 files
 # there at the end (CARRY=1 or EXTRAS=1), all but the check's own three (gpu_env.log,
 # shallow_water_gpu.json/.log) are packed into gpu_check_files.tar.gz.
-# BUDGET (seconds, default 540) bounds the whole script: the device tool stops a command at
-# 600 s, before the packing below could run; each extra step gets what is left of the
-# budget (at most its own limit), keeping 20 s for the packing.
+# BUDGET (seconds, default 540) bounds the extra steps, so that the packing below runs before
+# the device tool stops a command at 600 s: each extra step gets what is left of the budget
+# after the main benchmark (at most its own limit), keeping 20 s for the packing. The main
+# benchmark itself has no timeout of its own (stopped by the tool, it leaves its three files,
+# which come back unpacked).
 set -euo pipefail
 start=$SECONDS
 budget="${BUDGET:-540}"

@@ -43,16 +43,6 @@ WORKERS = 2
 RTOL = 1e-8
 
 
-def best_of(fn, repeats=7):
-    fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return min(times)
-
-
 def interleaved(*fns, repeats=15, min_time=2.0):
     """Best single-call time of each function, their calls alternating (so that the
     machine's slow spells, common on a shared 2-core VM, fall on all alike). At least
@@ -165,6 +155,67 @@ def spectral_rows(sizes):
     return rows
 
 
+def _krylov_row(shape, extent, bc, scipy_cg_max, pyamg):
+    """One row of the MG-CG table: physjax's MG-CG, scipy's CG and (with pyamg) AMG-CG on
+    the same matrix and right-hand side, to the same ``RTOL``."""
+    grid = Grid(shape, extent, periodic=False, dtype="float64")
+    f = np.random.default_rng(1).normal(size=shape)
+    fj = jnp.asarray(f)
+    solver = PoissonSolver(grid, bc, "cg", rtol=RTOL)
+    name = "x".join(map(str, shape))
+    if extent != (1.0,) * len(shape):
+        name += " of " + "x".join(f"{e:g}" for e in extent) + " m, " + ",".join(bc)
+    a = laplacian_matrix(shape, grid.spacing, bc)
+    b = -f.ravel()
+    # Unpreconditioned CG needs O(n) iterations; above scipy_cg_max cells it is capped at
+    # 300 iterations, which gives a lower bound on its time (recorded as not converged).
+    maxiter = 20000 if np.prod(shape) <= scipy_cg_max else 300
+    runs = {}  # the last call's iterations and convergence, per solver
+
+    def physjax_call(s=solver, x=fj):
+        sol = s.solve(x)
+        sol.u.block_until_ready()
+        runs["physjax"] = (int(sol.iterations), bool(sol.converged))
+
+    def scipy_call(m=None, key="scipy", limit=maxiter):
+        count = [0]
+
+        def cb(_):
+            count[0] += 1
+
+        _, status = spla.cg(a, b, rtol=RTOL, maxiter=limit, M=m, callback=cb)
+        runs[key] = (count[0], status == 0)
+
+    calls = [physjax_call, scipy_call]
+    if pyamg is not None:
+        t = time.perf_counter()
+        ml = pyamg.smoothed_aggregation_solver(a)
+        amg = ml.aspreconditioner(cycle="V")
+        t_setup = time.perf_counter() - t
+        calls.append(lambda: scipy_call(amg, "pyamg", 1000))
+    # each solver's best of 3 calls, the three alternating (scipy's and pyamg's were
+    # one call each, which on this noisy VM could favour physjax by far more than the
+    # 10-30% once estimated: one scipy CG call at 256² took 30 s where its best was 5 s)
+    times = interleaved(*calls, repeats=3, min_time=0.0)
+    row = dict(
+        shape=name,
+        physjax_mgcg_s=times[0],
+        physjax_iterations=runs["physjax"][0],
+        physjax_converged=runs["physjax"][1],
+        scipy_cg_s=times[1],
+        scipy_cg_iterations=runs["scipy"][0],
+        scipy_cg_converged=runs["scipy"][1],
+    )
+    if pyamg is not None:
+        row.update(
+            pyamg_cg_s=times[2],
+            pyamg_setup_s=t_setup,
+            pyamg_cg_iterations=runs["pyamg"][0],
+            pyamg_cg_converged=runs["pyamg"][1],
+        )
+    return row
+
+
 def krylov_rows(sizes, scipy_cg_max):
     try:
         import pyamg
@@ -177,47 +228,7 @@ def krylov_rows(sizes, scipy_cg_max):
             shape, extent, bc = size
         else:
             shape, extent, bc = size, (1.0,) * len(size), ("dirichlet",) * len(size)
-        grid = Grid(shape, extent, periodic=False, dtype="float64")
-        f = np.random.default_rng(1).normal(size=shape)
-        fj = jnp.asarray(f)
-        solver = PoissonSolver(grid, bc, "cg", rtol=RTOL)
-        t_px = best_of(lambda s=solver, x=fj: s.solve(x).u.block_until_ready(), repeats=3)
-        iters = int(solver.solve(fj).iterations)
-        name = "x".join(map(str, shape))
-        if extent != (1.0,) * len(shape):
-            name += " of " + "x".join(f"{e:g}" for e in extent) + " m, " + ",".join(bc)
-        row = dict(shape=name, physjax_mgcg_s=t_px, physjax_iterations=iters)
-        a = laplacian_matrix(shape, grid.spacing, bc)
-        b = -f.ravel()
-        count = [0]
-
-        def cb(_, count=count):
-            count[0] += 1
-
-        # Unpreconditioned CG needs O(n) iterations; above scipy_cg_max cells it is capped at
-        # 300 iterations, which gives a lower bound on its time (recorded as not converged).
-        maxiter = 20000 if np.prod(shape) <= scipy_cg_max else 300
-        count[0] = 0
-        t = time.perf_counter()
-        _, status = spla.cg(a, b, rtol=RTOL, maxiter=maxiter, callback=cb)
-        row.update(
-            scipy_cg_s=time.perf_counter() - t,
-            scipy_cg_iterations=count[0],
-            scipy_cg_converged=status == 0,
-        )
-        if pyamg is not None:
-            t = time.perf_counter()
-            ml = pyamg.smoothed_aggregation_solver(a)
-            m = ml.aspreconditioner(cycle="V")
-            t_setup = time.perf_counter() - t
-            count[0] = 0
-            t = time.perf_counter()
-            spla.cg(a, b, rtol=RTOL, maxiter=1000, M=m, callback=cb)
-            row.update(
-                pyamg_cg_s=time.perf_counter() - t,
-                pyamg_setup_s=t_setup,
-                pyamg_cg_iterations=count[0],
-            )
+        row = _krylov_row(shape, extent, bc, scipy_cg_max, pyamg)
         rows.append(row)
         print(
             "mg-cg  "

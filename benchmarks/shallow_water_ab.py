@@ -20,16 +20,47 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # importing it tunes the allocator and enables x64
-from shallow_water import bandwidth, compiled_advance, count_fusions, interleaved, make  # noqa: E402
+from shallow_water import (  # noqa: E402
+    DTYPES,
+    bandwidth,
+    compiled_advance,
+    count_fusions,
+    interleaved,
+    make,
+    positive_float,
+    positive_int,
+)
 
 from physjax.solvers.shallow_water._model import _strip_plan  # noqa: E402
 
 
+def variant(text: str) -> str:
+    """An argparse type: ``N:DTYPE:ROWS:STEPS`` (ROWS and STEPS a count or ``auto``),
+    checked before anything is measured."""
+    parts = text.split(":")
+    ok = len(parts) == 4 and parts[1] in DTYPES
+    if ok:
+        try:
+            positive_int(parts[0])
+            if parts[2] != "auto" and int(parts[2]) < 0:
+                ok = False
+            if parts[3] != "auto":
+                positive_int(parts[3])
+        except (ValueError, argparse.ArgumentTypeError):
+            ok = False
+    if not ok:
+        raise argparse.ArgumentTypeError(
+            f"expected N:DTYPE:ROWS:STEPS, e.g. 256:float32:0:auto (N ≥ 1, DTYPE float32 or "
+            f"float64, ROWS ≥ 0 or auto, STEPS ≥ 1 or auto), got {text!r}"
+        )
+    return text
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("variants", nargs="+", help="N:DTYPE:ROWS:STEPS")
-    p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--seconds", type=float, default=0.7)
+    p.add_argument("variants", nargs="+", type=variant, help="N:DTYPE:ROWS:STEPS")
+    p.add_argument("--rounds", type=positive_int, default=8)
+    p.add_argument("--seconds", type=positive_float, default=0.7)
     p.add_argument(
         "--bandwidth",
         action="store_true",

@@ -40,7 +40,16 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 # importing shallow_water tunes the allocator and enables x64
-from shallow_water import bandwidth, compiled_advance, interleaved, make, steps_per_call  # noqa: E402
+from shallow_water import (  # noqa: E402
+    DTYPES,
+    bandwidth,
+    compiled_advance,
+    interleaved,
+    make,
+    positive_float,
+    positive_int,
+    steps_per_call,
+)
 
 from physjax.solvers import ShallowWaterState  # noqa: E402
 
@@ -161,10 +170,10 @@ def loop_counts(text: str) -> tuple[int, int]:
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--sizes", type=int, nargs="+", default=[256, 1024])
-    p.add_argument("--dtype", default="float64")
-    p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--seconds", type=float, default=0.7)
+    p.add_argument("--sizes", type=positive_int, nargs="+", default=[256, 1024])
+    p.add_argument("--dtype", choices=DTYPES, default="float64")
+    p.add_argument("--rounds", type=positive_int, default=8)
+    p.add_argument("--seconds", type=positive_float, default=0.7)
     p.add_argument("--output", default=None, help="JSON file for the figures")
     p.add_argument("--hlo", default=None, help="folder for the compiled programs' text")
     p.add_argument(
