@@ -171,7 +171,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     p.add_argument(
         "--config",
         action=_OneFile,
-        help="TOML file of these settings (keys as the long options)",
+        help="TOML file of these settings (keys as the long options), or the .h5 file of "
+        "an earlier solve, whose problem is solved again",
     )
     p.add_argument(
         "--quiet", action="store_true", default=None, help="no status line before the solve"
@@ -984,13 +985,15 @@ def _run(args, held: contextlib.ExitStack) -> int:
                 raise ValueError(
                     f"--output {output!r} is the input file of {spec}; writing would destroy it"
                 )
-    from .cli import _check_output_name, _check_overwrite
+    from .cli import _check_not_the_config, _check_output_name, _check_overwrite
     from .io import check_writable, output_lock
 
     _check_output_name(output)
+    overwrite = bool(getattr(args, "overwrite", False))
+    _check_not_the_config(output, getattr(args, "config", None), overwrite)
     check_writable(output, "--output")
     held.enter_context(output_lock(output))
-    replacing = _check_overwrite(output, bool(getattr(args, "overwrite", False)), "poisson")
+    replacing = _check_overwrite(output, overwrite, "poisson")
     _check_plot_path(s.get("plot"), output=output)
 
     import jax

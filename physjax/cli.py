@@ -131,21 +131,112 @@ def load_config(
     path: str, allowed: tuple[str, ...] = RUN_KEYS, parameters: bool = True
 ) -> dict[str, Any]:
     """Read a TOML config: top-level run settings and (if `parameters`) a ``[parameters]``
-    table."""
+    table; or, from a physjax output file, the settings of the run or solve that wrote it
+    (`_settings_of_output`)."""
     if path == "":  # not "no config": a script's --config "$CFG" with CFG unset
         raise ValueError("--config must name a TOML file, got ''")
     if os.path.exists(path) and not os.path.isdir(path) and not os.path.isfile(path):
         raise ValueError(f"--config: {path!r} is not a regular file (a device or pipe)")
     try:
         with open(path, "rb") as f:
-            text = f.read()
-        # a byte-order mark (as some Windows editors save UTF-8) was "Invalid statement (at
-        # line 1, column 1)", with nothing to see there
-        raw = tomllib.loads(text.decode("utf-8-sig"))
+            head = f.read(len(_HDF5_SIGNATURE))
+            # an output file: the settings stored in it are read, not its data (GBs perhaps)
+            text = None if head == _HDF5_SIGNATURE else head + f.read()
     except FileNotFoundError:
         raise ValueError(f"--config: file {path!r} does not exist") from None
     except IsADirectoryError:
         raise ValueError(f"--config: {path!r} is a directory, not a TOML file") from None
+    except OSError as e:
+        raise ValueError(f"--config: {path!r} cannot be read: {e}") from None
+    if text is None:
+        raw = _settings_of_output(path, parameters)
+    else:
+        raw = _parse_toml(path, text, parameters)
+    return _checked_config(path, raw, allowed, parameters)
+
+
+#: The first bytes of an HDF5 file (physjax's NetCDF4 output): ``--config`` reads the
+#: settings stored in it.
+_HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
+
+#: Settings of a shallow-water run that ``--config RUN.h5`` takes from its ``configuration``
+#: as they are (its dt is taken as it was asked for: ``dt_requested``, or ``cfl``).
+_RUN_SETTINGS = ("case", "nx", "ny", "t_end", "save_every", "precision", "devices")
+
+
+def _settings_of_output(path: str, parameters: bool) -> dict[str, Any]:
+    """``--config FILE.h5``: the settings that the physjax run (or solve) which wrote
+    ``FILE.h5`` was given, from its ``configuration``, as a TOML file would give them — for
+    a new run of the same problem. Not its output or plot names (a new run writes a new
+    file), nor a frame limit; and not its state: ``--resume`` continues a run."""
+    from .io import read_attrs, read_retrying
+
+    command = "shallow-water" if parameters else "poisson"
+    try:
+        cfg = read_retrying(path, lambda: read_attrs(path), prefix="--config: ")
+    except ValueError as e:
+        text = str(e)
+        raise ValueError(text if text.startswith("--config") else f"--config: {text}") from None
+    cfg = cfg.get("configuration")
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("command"), str):
+        raise ValueError(
+            f"--config: {path!r} is an HDF5 file without a physjax configuration; --config "
+            "reads a TOML file, or the output file of a physjax run for its settings"
+        )
+    if cfg["command"] != command:
+        raise ValueError(
+            f"--config: {path!r} holds the results of physjax {cfg['command']}, not of "
+            f"physjax {command}: give it to physjax {cfg['command']} --config"
+        )
+    if parameters:
+        raw = {k: cfg[k] for k in _RUN_SETTINGS if cfg.get(k) is not None}
+        if cfg.get("dt_requested") is not None:
+            raw["dt"] = cfg["dt_requested"]
+        elif cfg.get("cfl") is not None:
+            raw["cfl"] = cfg["cfl"]
+        if cfg.get("cfl_check") is False:
+            raw["no_cfl_check"] = True
+        raw["parameters"] = dict(cfg.get("parameters") or {})
+        return raw
+    return _poisson_settings_of(cfg)
+
+
+def _poisson_settings_of(cfg: dict[str, Any]) -> dict[str, Any]:
+    """`_settings_of_output` of a ``physjax poisson`` file: its problem as the options give
+    it. A manufactured case gives its grid (``nx`` … and ``lx`` …); a ``--rhs`` its file and
+    frame, the grid following the file again (the lengths only where they put the first
+    cell at 0, where given lengths would not move the grid)."""
+    raw: dict[str, Any] = {
+        k: cfg[k]
+        for k in ("bc", "method", "compatibility", "shift", "precision", "devices")
+        if cfg.get(k) is not None
+    }
+    if cfg.get("method") != "spectral":  # a direct solve takes no stopping rule
+        raw.update({k: cfg[k] for k in ("rtol", "max_iterations") if cfg.get(k) is not None})
+    names = ("z", "y", "x")[3 - len(cfg.get("shape") or ()) :]
+    lengths = dict(zip((f"l{n}" for n in names), cfg.get("extent") or ()))
+    for key in ("rhs", "coefficient"):
+        if cfg.get(key):
+            raw[key] = cfg[key]
+    if cfg.get("rhs"):
+        if not any(cfg.get("origin") or ()):
+            raw.update(lengths)
+    else:
+        raw["case"] = cfg.get("case")
+        raw.update(dict(zip((f"n{n}" for n in names), cfg.get("shape") or ())))
+        raw.update(lengths)
+    frame = cfg.get("frame")
+    if (cfg.get("rhs") or cfg.get("coefficient")) and isinstance(frame, int) and frame >= 0:
+        raw["frame"] = frame
+    return {k: v for k, v in raw.items() if v is not None}
+
+
+def _parse_toml(path: str, text: bytes, parameters: bool) -> dict[str, Any]:
+    """The settings of a TOML ``--config`` file, read from its bytes."""
+    try:
+        # a byte-order mark (as some Windows editors save UTF-8) was "Invalid statement (at
+        # line 1, column 1)", with nothing to see there
+        raw = tomllib.loads(text.decode("utf-8-sig"))
     except UnicodeDecodeError as e:
         raise ValueError(f"--config: {path!r} is not UTF-8 text, as TOML must be: {e}") from None
     except tomllib.TOMLDecodeError as e:
@@ -159,8 +250,13 @@ def load_config(
             else ""
         )
         raise ValueError(f"--config: {path!r} is not valid TOML: {e}{hint}") from None
-    except OSError as e:
-        raise ValueError(f"--config: {path!r} cannot be read: {e}") from None
+    return raw
+
+
+def _checked_config(
+    path: str, raw: dict[str, Any], allowed: tuple[str, ...], parameters: bool
+) -> dict[str, Any]:
+    """``--config``'s settings, checked: names, spellings and types."""
     spellings: dict[str, list[str]] = {}
     for k in raw:
         spellings.setdefault(k.replace("-", "_"), []).append(k)
@@ -461,6 +557,23 @@ def _is_png(path: str) -> bool:
         return False
 
 
+def _check_not_the_config(output: str, config: str | None, overwrite: bool) -> None:
+    """A new run (or solve) given the settings of an output file by ``--config`` does not
+    replace that file without ``--overwrite`` (a default ``--output`` is the same name when
+    the file kept its default name)."""
+    if (
+        config is not None
+        and not overwrite
+        and os.path.isfile(output)
+        and os.path.isfile(config)
+        and os.path.samefile(output, config)
+    ):
+        raise ValueError(
+            f"--output {output!r} is the file that --config reads its settings from: give "
+            "the new run another --output (or --overwrite to replace it)"
+        )
+
+
 def _check_output_name(output: str) -> None:
     """The data file is not named like a picture (``physjax plot`` would draw over it)."""
     if output.lower().endswith(".png"):
@@ -699,7 +812,10 @@ def add_run_options(p: argparse.ArgumentParser, cases: list[str], default_case: 
     p.add_argument("--output", help="NetCDF4/HDF5 output file (default <case>.h5)")
     p.add_argument("--plot", help="quick-look PNG of the last frame")
     p.add_argument(
-        "--config", action=_OneFile, help="TOML file of settings and a [parameters] table"
+        "--config",
+        action=_OneFile,
+        help="TOML file of settings and a [parameters] table, or the .h5 file of an earlier "
+        "run, whose settings are rerun",
     )
     p.add_argument(
         "--param",
@@ -1047,6 +1163,7 @@ def _run_shallow_water(
     out = sys.stdout if out is None else out
     settings = dict(settings)
     given_as = settings.pop("_given_as", None) or {}
+    config_file = settings.pop("_config_file", None)
     if max_frames is not None:
         max_frames = _positive_number("--max-frames", max_frames, integer=True)
     _devices_setting(settings.get("devices"))  # also where nothing runs (a complete file)
@@ -1293,6 +1410,8 @@ def _run_shallow_water(
 
     output = output or f"{case_name}.h5"
     _check_output_name(output)
+    if not resume:
+        _check_not_the_config(output, config_file, overwrite)
     check_writable(output, "--output")
     replacing = None
     if not resume:
@@ -1595,6 +1714,7 @@ def _cmd_shallow_water(args) -> int:
     quiet = bool(settings.pop("quiet", None))
     if args.no_plot and args.plot is None:  # the command line wins over a config's plot
         settings.pop("plot", None)
+    settings["_config_file"] = args.config
     run_shallow_water(
         settings,
         resume=args.resume,

@@ -3029,3 +3029,73 @@ def test_progress_in_a_log_keeps_its_half_minute_when_the_run_slows(tmp_path, ca
     assert len(frames) == 31 and elapsed[-1] >= 500, (len(frames), elapsed)
     gaps = [b - a for a, b in zip(elapsed, elapsed[1:])]
     assert max(gaps) <= LOG_PROGRESS_SECONDS + 20, elapsed
+
+
+def _configuration(path):
+    with h5py.File(path, "r") as f:
+        return json.loads(f.attrs["configuration"])
+
+
+def test_config_from_a_runs_file_runs_it_again(tmp_path, capsys):
+    """--config RUN.h5 gives a new run the settings the file's run was given: the same
+    frames bit for bit and the same configuration but for the output's name; a setting
+    given on the command line wins, as over a TOML file."""
+    first = tmp_path / "first.h5"
+    argv = ["shallow-water", "--case", "zonal-jet", "--nx", "16", "--ny", "12", "--quiet"]
+    # a --dt that is lowered to end on --t-end (the file stores both) and a --param
+    argv += ["--t-end", "20000", "--dt", "900", "--save-every", "7", "--precision", "float64"]
+    assert main([*argv, "--param", "jet_speed=3.0", "--output", str(first)]) == 0
+    again = tmp_path / "again.h5"
+    assert main(["shallow-water", "--config", str(first), "--quiet", "--output", str(again)]) == 0
+    with xr.open_dataset(first) as a, xr.open_dataset(again) as b:
+        assert a.sizes == b.sizes and a.sizes["time"] > 2
+        for name in ("h", "u", "v", "zeta"):
+            np.testing.assert_array_equal(a[name], b[name])
+        assert b.attrs["parameter_jet_speed"] == 3.0
+    one, two = _configuration(first), _configuration(again)
+    assert {k for k in one if one[k] != two.get(k)} == {"output"}
+    assert two["dt_requested"] == 900.0 and two["dt"] < 900.0
+    # the command line wins: another end time and parameter, a --cfl for the file's --dt
+    later = tmp_path / "later.h5"
+    over = ["--t-end", "10000", "--param", "jet_speed=2.0", "--cfl", "0.3", "--quiet"]
+    assert main(["shallow-water", "--config", str(first), *over, "--output", str(later)]) == 0
+    three = _configuration(later)
+    assert three["t_end"] == 10000.0 and three["cfl"] == 0.3 and three["dt_requested"] is None
+    assert (three["nx"], three["ny"], three["case"]) == (16, 12, "zonal-jet")
+    with h5py.File(later, "r") as f:
+        assert f.attrs["parameter_jet_speed"] == 2.0
+
+
+def test_config_from_a_file_is_refused_where_it_would_replace_it_or_is_no_run(
+    tmp_path, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    # a run that kept its default name, given back without --output: the new run would
+    # have replaced the file it reads its settings from
+    assert main(["shallow-water", *FAST]) == 0
+    before = (tmp_path / "gravity-wave.h5").read_bytes()
+    capsys.readouterr()
+    assert main(["shallow-water", "--config", "gravity-wave.h5", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "--output 'gravity-wave.h5' is the file that --config reads its settings from" in err
+    assert (tmp_path / "gravity-wave.h5").read_bytes() == before
+    # with --overwrite it is replaced by the same run
+    assert main(["shallow-water", "--config", "gravity-wave.h5", "--quiet", "--overwrite"]) == 0
+    # a --resume of the file with its own settings is no new run: allowed (already complete)
+    argv = ["shallow-water", "--config", "gravity-wave.h5", "--output", "gravity-wave.h5"]
+    assert main([*argv, "--resume", "--quiet"]) == 0
+    # another command's file, and an HDF5 file that physjax did not write
+    assert main(["poisson", "--n", "16", "--quiet", "--output", "p.h5"]) == 0
+    capsys.readouterr()
+    assert main(["shallow-water", "--config", "p.h5", "--output", "o.h5"]) == 2
+    err = capsys.readouterr().err
+    assert "'p.h5' holds the results of physjax poisson, not of physjax shallow-water" in err
+    assert main(["poisson", "--config", "gravity-wave.h5", "--output", "o.h5"]) == 2
+    assert "give it to physjax shallow-water --config" in capsys.readouterr().err
+    with h5py.File("foreign.h5", "w") as f:
+        f["h"] = np.zeros((4, 4))
+    assert main(["shallow-water", "--config", "foreign.h5", "--output", "o.h5"]) == 2
+    assert "'foreign.h5' is an HDF5 file without a physjax configuration" in (
+        capsys.readouterr().err
+    )
+    assert not (tmp_path / "o.h5").exists()

@@ -1863,3 +1863,41 @@ def test_a_stop_that_lands_in_a_callback_just_before_the_output_is_replaced_is_k
     assert out.read_bytes() == before
     assert list(tmp_path.iterdir()) == [out]
     assert sys.unraisablehook == ignored.append
+
+
+def test_config_from_a_solves_file_solves_it_again(tmp_path):
+    """--config P.h5 solves the problem of an earlier solve again: a manufactured case with
+    its grid, lengths, method and stopping rule; a --rhs from a run's file with its frame,
+    the grid taken from the file again (its corners put the first cell below 0)."""
+    code, first = _poisson(
+        tmp_path, "--case", "neumann", "--nx", "24", "--ny", "16", "--ly", "2.5",
+        "--method", "multigrid", "--rtol", "1e-7", "--precision", "float64",
+    )  # fmt: skip
+    assert code == 0
+    code, again = _poisson(tmp_path, "--config", str(first), name="again.h5")
+    assert code == 0
+    sw = tmp_path / "sw.h5"
+    argv = ["shallow-water", "--case", "barotropic-instability", "--nx", "16", "--ny", "16"]
+    assert main([*argv, "--t-end", "20000", "--quiet", "--output", str(sw)]) == 0
+    code, psi = _poisson(
+        tmp_path, "--rhs", f"{sw}:zeta", "--bc", "periodic", "--frame", "1", name="psi.h5"
+    )
+    assert code == 0
+    code, psi2 = _poisson(tmp_path, "--config", str(psi), name="psi2.h5")
+    assert code == 0
+    for one, two in ((first, again), (psi, psi2)):
+        with xr.open_dataset(one) as a, xr.open_dataset(two) as b:
+            np.testing.assert_array_equal(a["u"], b["u"])
+            np.testing.assert_array_equal(a["x"], b["x"])
+            np.testing.assert_array_equal(a["y"], b["y"])
+            c1, c2 = json.loads(a.attrs["configuration"]), json.loads(b.attrs["configuration"])
+        assert {k for k in c1 if c1[k] != c2.get(k)} == {"output"}
+    assert c2["frame"] == 1 and c2["rhs"] == f"{sw}:zeta"
+    with xr.open_dataset(again) as b:
+        c = json.loads(b.attrs["configuration"])
+        assert (c["method"], c["rtol"], c["shape"], c["extent"]) == (
+            "multigrid",
+            1e-7,
+            [16, 24],
+            [2.5, 1.0],
+        )
