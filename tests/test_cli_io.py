@@ -2878,6 +2878,89 @@ def test_text_attributes_are_stored_as_text_not_python_reprs(tmp_path):
         assert ds.attrs["source"] == "abc"
 
 
+def test_numpy_strings_and_odd_floats_are_attributes_netcdf_reads(tmp_path):
+    """An item of an array of names (np.str_) failed in h5py ("No conversion path for
+    dtype('<U9')"), in finish() after the new status was written; a float16 or long double
+    was stored as an HDF5 type netCDF does not have, which its readers drop."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable, read_attrs
+
+    grid = Grid((3, 4), (3e3, 4e3))
+    names = np.array(["dam-break", "jet"])
+    path = tmp_path / "a.nc"
+    attrs = {
+        "case": names[0],
+        "cfl": np.float16(0.5),
+        "ld": np.longdouble(2.0),
+        "parameters": {"scheme": names[1], "g": np.float16(9.8125)},
+    }
+    w = NetCDFWriter(path, grid, [Variable("h", CENTRE, "m", "H")], attrs=attrs)
+    w.append(0.0, 0, {"h": np.zeros(grid.shape)})
+    w.finish("failed: NaN at step 3", note=names[0])
+    a = read_attrs(path)
+    assert (a["case"], a["parameter_scheme"], a["note"]) == ("dam-break", "jet", "dam-break")
+    assert (a["cfl"], a["ld"], a["parameter_g"]) == (0.5, 2.0, 9.8125)
+    assert a["status"] == "failed: NaN at step 3"
+    with h5py.File(path, "r") as f:  # netCDF's float and double
+        assert {f.attrs[k].dtype.itemsize for k in ("cfl", "ld", "parameter_g")} == {8}
+
+
+def test_a_failing_finish_leaves_the_status_as_it_was(tmp_path):
+    """The status is written last: a finish that fails on an attribute after the checks
+    (here, h5py refusing a write) leaves the file's status as it was."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable, read_attrs
+
+    grid = Grid((3, 4), (3e3, 4e3))
+    path = tmp_path / "a.nc"
+    w = NetCDFWriter(path, grid, [Variable("h", CENTRE, "m", "H")])
+    w.append(0.0, 0, {"h": np.zeros(grid.shape)})
+    original = h5py.AttributeManager.__setitem__
+
+    def refuse_note(self, name, value):
+        if name == "note":
+            raise OSError("disk full")
+        original(self, name, value)
+
+    h5py.AttributeManager.__setitem__ = refuse_note
+    try:
+        with pytest.raises(OSError, match="disk full"):
+            w.finish("failed: x", note="n", zz=1)
+    finally:
+        h5py.AttributeManager.__setitem__ = original
+    assert read_attrs(path)["status"] == "running"
+
+
+def test_bad_fields_attributes_and_names_are_named(tmp_path):
+    """A list or None for a frame's fields stopped on NumPy's "truth value of an array is
+    ambiguous" or "argument of type 'NoneType' is not iterable", an array given to
+    write_static on "has no attribute 'items'"; a tuple key in a nested attribute on JSON's
+    message alone; a NUL in a variable's name was stored cut at the NUL."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable
+
+    grid = Grid((3, 4), (3e3, 4e3))
+    h = Variable("h", CENTRE, "m", "H")
+    b = Variable("b", CENTRE, "m", "B", time_dependent=False)
+    w = NetCDFWriter(tmp_path / "a.nc", grid, [h, b])
+    for fields in ([np.zeros(grid.shape)], None):
+        with pytest.raises(TypeError, match="fields must be a mapping of variable names"):
+            w.append(0.0, 0, fields)
+    with pytest.raises(TypeError, match="fields must be a mapping .* got ndarray"):
+        w.write_static(np.zeros(grid.shape))
+    assert w.frames() == (0, None)
+    for attrs, match in [
+        ({"meta": {(1, 2): 3}}, "attrs: attribute 'meta': {(1, 2): 3} cannot be stored as JSON"),
+        ({"parameters": {"k": {(1,): 2}}}, "attrs['parameters']: attribute 'parameter_k': "),
+        ({"configuration": {"c": {(1,): 2}}}, "attrs['configuration']: {'c': {(1,): 2}} cannot"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(match)):
+            NetCDFWriter(tmp_path / "bad.nc", grid, [h], attrs=attrs)
+    with pytest.raises(ValueError, match="Variable.name must be .* without '/' or a NUL"):
+        NetCDFWriter(tmp_path / "bad.nc", grid, [Variable("h\x00x", CENTRE, "m", "H")])
+    assert sorted(os.listdir(tmp_path)) == ["a.nc"]
+
+
 def test_reopen_shows_cell_centres_that_differ_in_full(tmp_path):
     """reopen of a grid whose origin moved by 1 mm said the file's x cell centres "are -1500
     … 1500, those of the grid asked for -1500 … 1500": six digits hid the difference."""

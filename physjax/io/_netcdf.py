@@ -237,7 +237,15 @@ def _json_default(v: Any) -> Any:
 
 
 def _json(v: Any, **kwargs) -> str:
-    return json.dumps(v, default=_json_default, **kwargs)
+    try:
+        return json.dumps(v, default=_json_default, **kwargs)
+    except (TypeError, ValueError) as e:  # a tuple key, a dict that holds itself
+        raise ValueError(f"{_short(v)} cannot be stored as JSON text: {e}") from None
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def _attr_value(v: Any) -> Any:
@@ -254,7 +262,15 @@ def _attr_value(v: Any) -> Any:
         return int(v)
     if isinstance(v, int) and not -(2**63) <= v < 2**63:
         return str(v)  # beyond netCDF's int64 (h5py: "Object dtype ... no HDF5 equivalent")
-    if isinstance(v, (int, float, str, np.integer, np.floating)):
+    if isinstance(v, str):
+        # a NumPy string (an item of an array of names) failed in h5py, "No conversion path
+        # for dtype('<U9')", naming nothing (in finish, after the status was written)
+        return str(v)
+    if isinstance(v, np.floating) and v.dtype.itemsize not in (4, 8):
+        # half and long double: HDF5 stores them, but netCDF has no such type and its
+        # readers drop the attribute without a word
+        return float(v)
+    if isinstance(v, (int, float, np.integer, np.floating)):
         return v
     return _json(v)
 
@@ -269,7 +285,10 @@ def _attrs_to_store(attrs: Mapping[Any, Any], what: str) -> dict[str, Any]:
     for key, value in attrs.items():
         if not isinstance(key, str) or not key or "\x00" in key:
             raise ValueError(f"{what}: attribute names must be non-empty strings, got {key!r}")
-        stored = _attr_value(value)
+        try:
+            stored = _attr_value(value)
+        except ValueError as e:  # JSON cannot hold it
+            raise ValueError(f"{what}: attribute {key!r}: {e}") from None
         if isinstance(stored, str) and "\x00" in stored:
             raise ValueError(
                 f"{what}: attribute {key!r} holds a NUL character ('\\x00'), which HDF5 "
@@ -390,11 +409,19 @@ def _run_attrs_to_store(attrs: dict[str, Any], what: str) -> dict[str, Any]:
                 f"{what}['parameters']",
             )
         )
-        stored["parameters"] = _json(params)
+        stored["parameters"] = _named_json(params, f"{what}['parameters']")
     config = attrs.pop("configuration", None)
     if config is not None:
-        stored["configuration"] = _json(config, sort_keys=True)
+        stored["configuration"] = _named_json(config, f"{what}['configuration']", sort_keys=True)
     return stored
+
+
+def _named_json(v: Any, what: str, **kwargs) -> str:
+    """``_json(v)``, its error naming ``what``."""
+    try:
+        return _json(v, **kwargs)
+    except ValueError as e:
+        raise ValueError(f"{what}: {e}") from None
 
 
 class NetCDFWriter:
@@ -458,12 +485,14 @@ class NetCDFWriter:
             raise ValueError(f"variables: the name(s) {doubled} are given more than once")
         for v in variables:  # before anything is created or opened
             check_location(v.location, grid.ndim, "Variable.location")
-            if not isinstance(v.name, str) or v.name in ("", ".", "..") or "/" in v.name:
+            bad_name = not isinstance(v.name, str) or v.name in ("", ".", "..")
+            if bad_name or "/" in v.name or "\x00" in v.name:
                 # "a/b" made a group "a" holding "b", a variable no reader of the file saw;
-                # "." stopped in h5py with "name already exists", naming neither
+                # "." stopped in h5py with "name already exists", naming neither; "h\x00x"
+                # was stored as "h"
                 raise ValueError(
-                    f"Variable.name must be a non-empty netCDF name without '/' (and not '.' "
-                    f"or '..'), got {v.name!r}"
+                    f"Variable.name must be a non-empty netCDF name without '/' or a NUL "
+                    f"character (and not '.' or '..'), got {v.name!r}"
                 )
             for field in ("units", "long_name"):
                 # None stopped in h5py, after the checks, with "Object dtype dtype('O') has
@@ -664,10 +693,10 @@ class NetCDFWriter:
                 f"{self.path!r} has no time axis (no time-dependent variable): write its "
                 "fields with write_static"
             )
+        arrays = self._checked_fields(fields, time_dependent=True)  # before anything is written
         missing = [n for n, v in self.variables.items() if v.time_dependent and n not in fields]
         if missing:
             raise ValueError(f"frame lacks variables {missing}")
-        arrays = self._checked_fields(fields, time_dependent=True)  # before anything is written
         # each on its own: a time beyond float's range was reported as a bad step
         try:  # the file's step is int64: 2**63 and beyond failed in h5py mid-frame
             whole = np.ndim(step) == 0 and bool(int(step) == step) and 0 <= int(step) < 2**63
@@ -715,6 +744,11 @@ class NetCDFWriter:
         """The fields as real arrays of the grid's shape, checked before a byte is written:
         every name one of the writer's variables with the right time dependence, every
         value real and numeric (a complex or text value failed half-way through a frame)."""
+        if not isinstance(fields, Mapping):  # a list stopped on "truth value … ambiguous"
+            raise TypeError(
+                "fields must be a mapping of variable names to arrays, e.g. {'h': h}, got "
+                f"{type(fields).__name__}"
+            )
         arrays = {}
         for name, value in fields.items():
             var = self.variables.get(name)
@@ -824,8 +858,10 @@ class NetCDFWriter:
                 for key in [k for k in f.attrs if str(k).startswith("parameter_")]:
                     if key not in stored:
                         del f.attrs[key]
-            for key, value in stored.items():
-                f.attrs[key] = value
+            # the status last: a write that fails before it leaves the file saying what it
+            # said before, not the new status without the attributes that go with it
+            for key in sorted(stored, key=lambda k: k == "status"):
+                f.attrs[key] = stored[key]
         self._finished = status
 
     def frames(self) -> tuple[int, int | None]:
