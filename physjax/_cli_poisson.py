@@ -188,6 +188,8 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
 
     settings = resolve_settings(args, POISSON_KEYS, parameters=False)
     settings.pop("parameters", None)
+    # the settings the command was given, stored: a --config of its file replays them
+    settings["given"] = sorted(k for k, v in settings.items() if v is not None)
     settings["case_given"] = "case" in settings
     # the stopping rule of the iterative methods, as given (command line or config file)
     settings["iteration_options"] = [k for k in ("rtol", "max_iterations") if k in settings]
@@ -1136,6 +1138,7 @@ def _run(args, held: contextlib.ExitStack) -> int:
         )
     config = dict(
         command="poisson",
+        given=s["given"],
         case=s["case"] if rhs is None else "user",
         rhs=s.get("rhs") or "",
         coefficient=s.get("coefficient") or "",

@@ -189,23 +189,48 @@ def _settings_of_output(path: str, parameters: bool) -> dict[str, Any]:
             f"physjax {command}: give it to physjax {cfg['command']} --config"
         )
     if parameters:
-        raw = {k: cfg[k] for k in _RUN_SETTINGS if cfg.get(k) is not None}
-        if cfg.get("dt_requested") is not None:
-            raw["dt"] = cfg["dt_requested"]
-        elif cfg.get("cfl") is not None:
-            raw["cfl"] = cfg["cfl"]
-        if cfg.get("cfl_check") is False:
-            raw["no_cfl_check"] = True
+        raw = _run_settings_of(cfg)
         raw["parameters"] = dict(cfg.get("parameters") or {})
         return raw
     return _poisson_settings_of(cfg)
 
 
+def _replayed(cfg: dict[str, Any], resolved: dict[str, Any]) -> dict[str, Any]:
+    """Of the settings a file's run resolved, those its command was given (``given`` in its
+    configuration), so that a setting the new command line changes recomputes the defaults
+    that followed from it (a solve's tolerance from its precision, a run's frame interval
+    from its end time) as it would for a command typed anew; a file written before
+    ``given`` was recorded replays every resolved setting."""
+    given = cfg.get("given")
+    if not isinstance(given, list):
+        return resolved
+    return {k: v for k, v in resolved.items() if k in given}
+
+
+def _run_settings_of(cfg: dict[str, Any]) -> dict[str, Any]:
+    """`_settings_of_output` of a shallow-water run (without its ``parameters``)."""
+    raw = {k: cfg[k] for k in _RUN_SETTINGS if cfg.get(k) is not None}
+    if cfg.get("dt_requested") is not None:
+        raw["dt"] = cfg["dt_requested"]
+    elif cfg.get("cfl") is not None:
+        raw["cfl"] = cfg["cfl"]
+    elif "cfl" not in cfg and cfg.get("dt") is not None:
+        # a file of a version that stored neither (before 2026-12-01): the step it took,
+        # which a default --cfl would not give again
+        raw["dt"] = cfg["dt"]
+    if cfg.get("cfl_check") is not None:
+        raw["cfl_check"] = cfg["cfl_check"]
+    given = cfg.get("given")
+    if isinstance(given, list) and {"dt", "cfl"} & set(given):  # the step, however given
+        cfg = {**cfg, "given": [*given, "dt", "cfl"]}
+    return _replayed(cfg, raw)
+
+
 def _poisson_settings_of(cfg: dict[str, Any]) -> dict[str, Any]:
     """`_settings_of_output` of a ``physjax poisson`` file: its problem as the options give
     it. A manufactured case gives its grid (``nx`` … and ``lx`` …); a ``--rhs`` its file and
-    frame, the grid following the file again (the lengths only where they put the first
-    cell at 0, where given lengths would not move the grid)."""
+    frame, the grid following the file again (a length only along the axes where it put
+    the first cell at 0: a given length does, the file's coordinates need not)."""
     raw: dict[str, Any] = {
         k: cfg[k]
         for k in ("bc", "method", "compatibility", "shift", "precision", "devices")
@@ -213,22 +238,34 @@ def _poisson_settings_of(cfg: dict[str, Any]) -> dict[str, Any]:
     }
     if cfg.get("method") != "spectral":  # a direct solve takes no stopping rule
         raw.update({k: cfg[k] for k in ("rtol", "max_iterations") if cfg.get(k) is not None})
-    names = ("z", "y", "x")[3 - len(cfg.get("shape") or ()) :]
-    lengths = dict(zip((f"l{n}" for n in names), cfg.get("extent") or ()))
+    shape, extent = cfg.get("shape") or [], cfg.get("extent") or []
+    origin = cfg.get("origin") or [0.0] * len(extent)
+    names = ("z", "y", "x")[3 - len(shape) :]
     for key in ("rhs", "coefficient"):
         if cfg.get(key):
             raw[key] = cfg[key]
-    if cfg.get("rhs"):
-        if not any(cfg.get("origin") or ()):
-            raw.update(lengths)
-    else:
+    raw.update(
+        {f"l{n}": e for n, e, o in zip(names, extent, origin) if o == 0 or not cfg.get("rhs")}
+    )
+    if not cfg.get("rhs"):
         raw["case"] = cfg.get("case")
-        raw.update(dict(zip((f"n{n}" for n in names), cfg.get("shape") or ())))
-        raw.update(lengths)
-    frame = cfg.get("frame")
-    if (cfg.get("rhs") or cfg.get("coefficient")) and isinstance(frame, int) and frame >= 0:
+        raw.update(dict(zip((f"n{n}" for n in names), shape)))
+        if len(shape) >= 2:  # --n: nx and ny, unless one of them was given itself
+            given = cfg.get("given") or []
+            raw["n"] = shape[-2] if "nx" in given else shape[-1]
+    frame, other = cfg.get("frame"), cfg.get("coefficient_frame", -1)
+    # --frame sets the frame of both files: frames that differ were each file's last
+    if isinstance(frame, int) and frame >= 0 and other in (-1, None, frame):
         raw["frame"] = frame
-    return {k: v for k, v in raw.items() if v is not None}
+    raw = {k: v for k, v in raw.items() if v is not None}
+    if cfg.get("rhs") and "case" in (cfg.get("given") or []):
+        # a --case given with --rhs set only the default --bc, stored as bc
+        raw.setdefault("bc", cfg.get("bc"))
+        given = [*cfg["given"], "bc"]
+        return _replayed({**cfg, "given": given}, raw)
+    if "n" not in (cfg.get("given") or []):
+        raw.pop("n", None)
+    return _replayed(cfg, raw)
 
 
 def _parse_toml(path: str, text: bytes, parameters: bool) -> dict[str, Any]:
@@ -1164,6 +1201,7 @@ def _run_shallow_water(
     settings = dict(settings)
     given_as = settings.pop("_given_as", None) or {}
     config_file = settings.pop("_config_file", None)
+    given = sorted(k for k in settings if k != "parameters" and settings[k] is not None)
     if max_frames is not None:
         max_frames = _positive_number("--max-frames", max_frames, integer=True)
     _devices_setting(settings.get("devices"))  # also where nothing runs (a complete file)
@@ -1429,6 +1467,9 @@ def _run_shallow_water(
         ) from None
     resolved = {
         "command": "shallow-water",
+        # the settings the command was given (command line and --config), which a
+        # --config of this file replays
+        "given": given,
         "case": case_name,
         "nx": grid.shape[1],
         "ny": grid.shape[0],

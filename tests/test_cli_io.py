@@ -3147,6 +3147,17 @@ def test_config_from_a_runs_file_runs_it_again(tmp_path, capsys):
     assert (three["nx"], three["ny"], three["case"]) == (16, 12, "zonal-jet")
     with h5py.File(later, "r") as f:
         assert f.attrs["parameter_jet_speed"] == 2.0
+    # a setting the first command left to its default follows the new command's others:
+    # its frame interval from the new end time, as in a run typed anew
+    short = tmp_path / "short.h5"
+    assert main(["shallow-water", *FAST[:-3], "--quiet", "--output", str(short)]) == 0
+    argv = ["shallow-water", "--config", str(short), "--t-end", "14400", "--quiet"]
+    assert main([*argv, "--output", str(tmp_path / "longer.h5")]) == 0
+    direct = ["shallow-water", *FAST[:4], "--t-end", "14400", "--quiet"]
+    assert main([*direct, "--output", str(tmp_path / "direct.h5")]) == 0
+    longer, typed = _configuration(tmp_path / "longer.h5"), _configuration(tmp_path / "direct.h5")
+    assert {k for k in typed if typed[k] != longer.get(k)} == {"output"}
+    assert longer["save_every"] != _configuration(short)["save_every"]
 
 
 def test_config_from_a_file_is_refused_where_it_would_replace_it_or_is_no_run(

@@ -1879,9 +1879,11 @@ def test_config_from_a_solves_file_solves_it_again(tmp_path):
     sw = tmp_path / "sw.h5"
     argv = ["shallow-water", "--case", "barotropic-instability", "--nx", "16", "--ny", "16"]
     assert main([*argv, "--t-end", "20000", "--quiet", "--output", str(sw)]) == 0
+    # --lx along x (origin 0 there), the file's coordinates along y (origin below 0)
     code, psi = _poisson(
-        tmp_path, "--rhs", f"{sw}:zeta", "--bc", "periodic", "--frame", "1", name="psi.h5"
-    )
+        tmp_path, "--rhs", f"{sw}:zeta", "--bc", "periodic", "--frame", "1", "--lx", "5e6",
+        name="psi.h5",
+    )  # fmt: skip
     assert code == 0
     code, psi2 = _poisson(tmp_path, "--config", str(psi), name="psi2.h5")
     assert code == 0
@@ -1901,3 +1903,43 @@ def test_config_from_a_solves_file_solves_it_again(tmp_path):
             [16, 24],
             [2.5, 1.0],
         )
+    assert c2["extent"][1] == 5e6 and c2["origin"][0] < 0 and c2["origin"][1] == 0
+
+
+def _stored(path):
+    with h5py.File(path, "r") as f:
+        return json.loads(f.attrs["configuration"])
+
+
+def test_config_from_a_file_replays_what_its_command_was_given(tmp_path):
+    """The file's settings that followed from others (a tolerance from the precision, the
+    boundary conditions from the case, the frame of each file) were replayed as if given:
+    an option changing what they followed from was refused (--method spectral with the
+    multigrid's rtol) or kept the old value (float64's rtol in float32, the first case's
+    bc); now they are recomputed, as for a command typed anew."""
+    code, mg = _poisson(tmp_path, "--case", "dirichlet", "--n", "16", "--method", "multigrid")
+    assert code == 0
+    code, sp = _poisson(tmp_path, "--config", str(mg), "--method", "spectral", name="sp.h5")
+    assert code == 0 and _stored(sp)["method"] == "spectral"
+    code, f32 = _poisson(tmp_path, "--config", str(mg), "--precision", "float32", name="32.h5")
+    assert code == 0 and _stored(f32)["rtol"] == 1e-5 and _stored(f32)["shape"] == [16, 16]
+    code, nm = _poisson(tmp_path, "--config", str(sp), "--case", "neumann", name="nm.h5")
+    assert code == 0 and _stored(nm)["bc"] == ["neumann", "neumann"]
+    assert _stored(nm)["method"] == "spectral" and _stored(nm)["shape"] == [16, 16]
+    # a right-hand side and a coefficient each from its own file's last frame (--frame,
+    # which sets both, was not given): the rerun failed on the other file's frame count
+    runs = []
+    for name, t_end in (("long.h5", "20000"), ("short.h5", "4000")):
+        argv = ["shallow-water", "--case", "gravity-wave", "--n", "16", "--t-end", t_end]
+        assert main([*argv, "--quiet", "--output", str(tmp_path / name)]) == 0
+        runs.append(tmp_path / name)
+    spec = ["--rhs", f"{runs[0]}:h", "--coefficient", f"{runs[1]}:h", "--bc", "neumann"]
+    code, first = _poisson(tmp_path, *spec, name="two.h5")
+    assert code == 0
+    code, again = _poisson(tmp_path, "--config", str(first), name="two2.h5")
+    assert code == 0
+    one, two = _stored(first), _stored(again)
+    assert one["frame"] != one["coefficient_frame"]
+    assert {k for k in one if one[k] != two.get(k)} == {"output"}
+    with xr.open_dataset(first) as a, xr.open_dataset(again) as b:
+        np.testing.assert_array_equal(a["u"], b["u"])
