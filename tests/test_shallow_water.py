@@ -565,3 +565,26 @@ def test_a_sharded_step_exchanges_one_ghost_layer_per_field_and_stage(case):
     assert 0 < rows <= 18 and 0 < columns <= 18 and rows + columns == sum(sent.values()), sent
     others = re.findall(r"\S+ (?:all-gather|all-reduce|all-to-all|reduce-scatter)\(", text)
     assert not others, others
+
+
+def test_mass_and_energy_are_their_sums_over_cells_of_unequal_sides():
+    """mass and energy had been tested as ratios, drifts and sharded against unsharded
+    only, where a wrong constant factor cancels (a cell area dx² for dx dy went unseen):
+    here they are checked against their definitions, summed by NumPy, on cells of
+    8e4 × 1e5 m with a bottom."""
+    from physjax.solvers import ShallowWaterState
+
+    grid = Grid((8, 12), (8e5, 9.6e5), dtype="float64")
+    rng = np.random.default_rng(3)
+    h = 100 + rng.random(grid.shape)
+    u, v, b = (rng.normal(size=grid.shape) for _ in range(3))
+    g = 9.81
+    model = ShallowWater(grid, gravity=g, coriolis=1e-4, bottom=jnp.asarray(b))
+    state = ShallowWaterState(h=jnp.asarray(h), u=jnp.asarray(u), v=jnp.asarray(v))
+    area = grid.dx * grid.dy
+    assert grid.dx != grid.dy
+    np.testing.assert_allclose(float(model.mass(state)), h.sum() * area, rtol=1e-14)
+    # K at a centre: u² averaged over its two x faces (i and i+1), v² over its two y faces
+    kinetic = 0.25 * (u**2 + np.roll(u, -1, 1) ** 2 + v**2 + np.roll(v, -1, 0) ** 2)
+    energy = np.sum(h * kinetic + 0.5 * g * h**2 + g * h * b) * area
+    np.testing.assert_allclose(float(model.energy(state)), energy, rtol=1e-13)
