@@ -2433,3 +2433,30 @@ def test_a_v_cycle_is_a_symmetric_operator():
     np.testing.assert_allclose(m(2 * x + y), 2 * mx + my, rtol=0, atol=1e-12 * np.abs(mx).max())
     asymmetry = abs(x.ravel() @ my - mx @ y.ravel())
     assert asymmetry <= 1e-12 * np.linalg.norm(x) * np.linalg.norm(my)
+
+
+@pytest.mark.parametrize("method", ["multigrid", "cg"])
+def test_atol_stops_an_iterative_solve(method):
+    """Iterative solves stop at ‖f − Au‖₂ ≤ max(rtol ‖f‖₂, atol) (docs/poisson.md): no test
+    looked at what atol does, and a mutation that ignored it (the solve running on to
+    rtol) passed them all."""
+    grid = _grid((32, 32), False)
+    f = jnp.asarray(np.random.default_rng(0).normal(size=grid.shape))
+    fnorm = float(jnp.linalg.norm(f))
+    full = PoissonSolver(grid, "dirichlet", method, rtol=1e-12).solve(f)
+    sol = PoissonSolver(grid, "dirichlet", method, rtol=1e-12, atol=1e-3 * fnorm).solve(f)
+    assert bool(sol.converged)
+    assert 1e-8 < float(sol.residual_norm) <= 1e-3  # relative to ‖f‖, as reported
+    assert int(sol.iterations) <= int(full.iterations) // 2
+
+
+def test_a_large_helmholtz_shift_is_smoothed_with_its_diagonal():
+    """The smoother divides by the operator's diagonal, −Σ 2/h² − shift. With a shift of a
+    few 1/h² (an implicit step's 1/(ν Δt)) a mutation to +shift stalled the V-cycle (11
+    cycles without converging, where 4 are needed), which only a slow test noticed."""
+    grid = _grid((32, 32), False)
+    f = jnp.asarray(np.random.default_rng(1).normal(size=grid.shape))
+    c = 4.0 * 32**2 * (1 + np.random.default_rng(2).random(grid.shape))
+    solver = PoissonSolver(grid, "dirichlet", "multigrid", shift=c, rtol=1e-10, throw=False)
+    sol = solver.solve(f)
+    assert bool(sol.converged) and int(sol.iterations) <= 10, (sol.converged, sol.iterations)

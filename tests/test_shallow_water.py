@@ -588,3 +588,38 @@ def test_mass_and_energy_are_their_sums_over_cells_of_unequal_sides():
     kinetic = 0.25 * (u**2 + np.roll(u, -1, 1) ** 2 + v**2 + np.roll(v, -1, 0) ** 2)
     energy = np.sum(h * kinetic + 0.5 * g * h**2 + g * h * b) * area
     np.testing.assert_allclose(float(model.energy(state)), energy, rtol=1e-13)
+
+
+def test_wind_stress_is_divided_by_the_thickness_on_each_face():
+    """du/dt gains τˣ/(ρ₀ h) with h the mean of the two cells the face separates (u on the
+    west face, v on the south one). The tests with wind all had nearly uniform h, where a
+    mutation taking h from the wrong neighbour went unseen; here h varies by 40%."""
+    grid = Grid((8, 12), (8e5, 12e5), dtype="float64")
+    yc, xc = (np.asarray(c) for c in grid.mesh_coordinates(("centre", "centre")))
+    h = 100 + 40 * np.sin(2 * np.pi * xc / 12e5) + 10 * np.cos(2 * np.pi * yc / 8e5)
+    rng = np.random.default_rng(3)
+    tx, ty = 0.1 + 0.01 * rng.random(grid.shape), 0.05 + 0.01 * rng.random(grid.shape)
+    rho = 1000.0
+    windy = ShallowWater(grid, coriolis=1e-4, wind_stress=(tx, ty), density=rho)
+    calm = ShallowWater(grid, coriolis=1e-4)
+    u, v = 0.1 * rng.normal(size=grid.shape), 0.1 * rng.normal(size=grid.shape)
+    s = windy.initial_state(h, u, v)
+    d_w, d_c = windy.rhs(s), calm.rhs(s)
+    h_u = 0.5 * (h + np.roll(h, 1, axis=1))  # the west face of cell (j, i)
+    h_v = 0.5 * (h + np.roll(h, 1, axis=0))  # its south face
+    np.testing.assert_allclose(d_w.u - d_c.u, tx / (rho * h_u), rtol=1e-10, atol=0)
+    np.testing.assert_allclose(d_w.v - d_c.v, ty / (rho * h_v), rtol=1e-10, atol=0)
+    np.testing.assert_array_equal(d_w.h, d_c.h)
+
+
+def test_wind_gyre_density_divides_the_wind_stress():
+    """The wind-gyre case's density (ρ₀, dividing the wind stress) reaches the model: a
+    mutation that dropped it (the model then took the default 1025) passed every test, the
+    one that set it giving the default. From rest on a flat layer the u tendency is the
+    wind term alone: twice the density, half of it."""
+    base = make_case("wind-gyre", nx=8, ny=8, precision="float64")
+    heavy = make_case("wind-gyre", nx=8, ny=8, precision="float64", density=2050.0)
+    assert float(heavy.model.density) == 2050.0
+    du0, du1 = base.model.rhs(base.state).u, heavy.model.rhs(heavy.state).u
+    assert float(jnp.abs(du0).max()) > 0
+    np.testing.assert_allclose(du1, 0.5 * du0, rtol=1e-12, atol=0)
