@@ -189,7 +189,10 @@ def resolve(args: argparse.Namespace) -> dict[str, Any]:
     settings = resolve_settings(args, POISSON_KEYS, parameters=False)
     settings.pop("parameters", None)
     # the settings the command was given, stored: a --config of its file replays them
-    settings["given"] = sorted(k for k, v in settings.items() if v is not None)
+    # (--n arrives as nx and ny; "_given_as" is resolve_settings' own, for messages)
+    settings["given"] = sorted(
+        k for k, v in settings.items() if v is not None and not k.startswith("_")
+    )
     settings["case_given"] = "case" in settings
     # the stopping rule of the iterative methods, as given (command line or config file)
     settings["iteration_options"] = [k for k in ("rtol", "max_iterations") if k in settings]

@@ -249,10 +249,7 @@ def _poisson_settings_of(cfg: dict[str, Any]) -> dict[str, Any]:
     )
     if not cfg.get("rhs"):
         raw["case"] = cfg.get("case")
-        raw.update(dict(zip((f"n{n}" for n in names), shape)))
-        if len(shape) >= 2:  # --n: nx and ny, unless one of them was given itself
-            given = cfg.get("given") or []
-            raw["n"] = shape[-2] if "nx" in given else shape[-1]
+        raw.update(dict(zip((f"n{n}" for n in names), shape)))  # (--n is stored as nx, ny)
     frame, other = cfg.get("frame"), cfg.get("coefficient_frame", -1)
     # --frame sets the frame of both files: frames that differ were each file's last
     if isinstance(frame, int) and frame >= 0 and other in (-1, None, frame):
@@ -263,8 +260,6 @@ def _poisson_settings_of(cfg: dict[str, Any]) -> dict[str, Any]:
         raw.setdefault("bc", cfg.get("bc"))
         given = [*cfg["given"], "bc"]
         return _replayed({**cfg, "given": given}, raw)
-    if "n" not in (cfg.get("given") or []):
-        raw.pop("n", None)
     return _replayed(cfg, raw)
 
 
@@ -1201,7 +1196,11 @@ def _run_shallow_water(
     settings = dict(settings)
     given_as = settings.pop("_given_as", None) or {}
     config_file = settings.pop("_config_file", None)
-    given = sorted(k for k in settings if k != "parameters" and settings[k] is not None)
+    given = sorted(
+        k
+        for k, v in settings.items()
+        if k != "parameters" and v is not None and not k.startswith("_")
+    )
     if max_frames is not None:
         max_frames = _positive_number("--max-frames", max_frames, integer=True)
     _devices_setting(settings.get("devices"))  # also where nothing runs (a complete file)

@@ -1923,6 +1923,8 @@ def test_config_from_a_file_replays_what_its_command_was_given(tmp_path):
     assert code == 0 and _stored(sp)["method"] == "spectral"
     code, f32 = _poisson(tmp_path, "--config", str(mg), "--precision", "float32", name="32.h5")
     assert code == 0 and _stored(f32)["rtol"] == 1e-5 and _stored(f32)["shape"] == [16, 16]
+    # what the command was given, in the options' names (--n stored as nx and ny)
+    assert _stored(mg)["given"] == ["case", "method", "nx", "ny", "output", "quiet"]
     code, nm = _poisson(tmp_path, "--config", str(sp), "--case", "neumann", name="nm.h5")
     assert code == 0 and _stored(nm)["bc"] == ["neumann", "neumann"]
     assert _stored(nm)["method"] == "spectral" and _stored(nm)["shape"] == [16, 16]
