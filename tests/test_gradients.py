@@ -1172,3 +1172,123 @@ def test_forward_over_reverse_works_through_the_batched_custom_vjp(kind):
         return jax.jvp(grad, (params,), (params,))[1]
 
     assert _tree_rel(hvp(True), hvp(False)) < RTOL
+
+
+def _small_mlp(out="scalar", d=3):
+    return _f64(pg.MLP(d, out, 6, 2, "tanh", key=jax.random.key(0)))
+
+
+def test_negative_spatial_indices_name_the_same_coordinates():
+    """Negative `spatial` indices count from the end; two names of one coordinate are refused."""
+    model = _small_mlp()
+    x = jnp.array([0.3, -0.5, 0.8])
+    hess = jax.jit(jax.hessian(model))(x)
+    assert _rel(jax.jit(pg.laplacian(model, spatial=(0, -1)))(x), hess[0, 0] + hess[2, 2]) < RTOL
+    assert _rel(jax.jit(pg.hessian_diagonal(model, spatial=-2))(x), hess[1, 1][None]) < RTOL
+    for spatial in ((2, -1), (-3, 0)):
+        with pytest.raises(ValueError, match="spatial must not repeat a coordinate"):
+            pg.laplacian(model, spatial=spatial)(x)
+        with pytest.raises(ValueError, match="spatial must not repeat a coordinate"):
+            pg.laplacian(model, spatial=spatial, batched=True)(x[None])
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_fourier_frequencies_get_no_gradient(batched):
+    """FourierMLP's frequencies B are not trained: their gradient is exactly zero."""
+    model = _f64(pg.FourierMLP(2, "scalar", 6, 1, num_features=3, key=jax.random.key(0)))
+    xs = jnp.asarray([[0.3, -0.4], [0.6, 0.1]])
+
+    def loss(m):
+        op = pg.laplacian(m, batched=batched)
+        return jnp.sum((op(xs) if batched else jax.vmap(op)(xs)) ** 2 + jax.vmap(m)(xs))
+
+    grads = eqx.filter_jit(eqx.filter_grad(loss))(model)
+    assert float(jnp.max(jnp.abs(grads.mlp.layers[0].weight))) > 1e-6  # the MLP does train
+    assert not np.any(np.asarray(grads.frequencies))
+
+
+def test_time_derivative_of_one_component():
+    """`component=` picks the component whose time derivative is taken."""
+    model = _small_mlp(out=3)
+    x = jnp.array([0.3, -0.5, 0.8])
+    jac = jax.jit(jax.jacfwd(model))(x)
+    for c in (1, 2, -1):
+        assert _rel(pg.time_derivative(model, component=c)(x), jac[c, -1]) < RTOL
+    assert _rel(pg.time_derivative(model, time_index=0, component=2)(x), jac[2, 0]) < RTOL
+    with pytest.raises(ValueError, match="component 3 is out of range"):
+        pg.time_derivative(model, component=3)(x)
+
+
+def test_advection_of_one_component():
+    """`component=` picks the advected component, with a given velocity and self-advection."""
+    model = _small_mlp(out=3)
+    x = jnp.array([0.3, -0.5, 0.8])
+    jac = jax.jit(jax.jacfwd(model))(x)
+    v = jnp.array([0.7, -1.1])
+    for c in (1, 2):
+        assert (
+            _rel(pg.advection(model, v, spatial=(0, 1), component=c)(x), (jac[:, :2] @ v)[c]) < RTOL
+        )
+        assert _rel(pg.advection(model, component=c)(x), (jac @ model(x))[c]) < RTOL
+    with pytest.raises(ValueError, match="component -4 is out of range"):
+        pg.advection(model, v, spatial=(0, 1), component=-4)(x)
+
+
+def test_a_negative_component_counts_from_the_end():
+    """`component=-1` is the last output, per point and batched."""
+    model = _small_mlp(out=3)
+    xs = jnp.asarray([[0.3, -0.5, 0.8], [0.1, 0.2, -0.4]])
+    hess = jax.jit(jax.vmap(jax.hessian(model)))(xs)
+    for batched in (False, True):
+        op = pg.laplacian(model, component=-1, batched=batched)
+        got = jax.jit(op if batched else jax.vmap(op))(xs)
+        assert _rel(got, jnp.trace(hess[:, 2], axis1=1, axis2=2)) < RTOL
+    mixed = jax.jit(jax.vmap(pg.second_partial(model, 0, 1, component=-2)))(xs)
+    assert _rel(mixed, hess[:, 1, 0, 1]) < RTOL
+
+
+def test_an_empty_spatial_is_refused():
+    """`spatial=()` raises the documented error, not an IndexError or an empty result."""
+    model = _small_mlp()
+    x = jnp.array([0.3, -0.5, 0.8])
+
+    def fn(y):
+        return jnp.sum(jnp.sin(y) ** 2)
+
+    for f in (model, fn):
+        for op in (pg.laplacian, pg.hessian_diagonal, pg.vector_laplacian):
+            with pytest.raises(ValueError, match="spatial must name at least one input coordinate"):
+                op(f, spatial=())(x)
+        with pytest.raises(ValueError, match="spatial must name at least one input coordinate"):
+            pg.hessian_diagonal(f, spatial=[], batched=True)(x[None])
+        with pytest.raises(ValueError, match="spatial must name at least one input coordinate"):
+            pg.gradient(f, spatial=())(x)
+
+
+@pytest.mark.parametrize("use_bias,use_final_bias", [(False, False), (True, False), (False, True)])
+def test_batched_gradient_of_an_equinox_mlp_without_biases(use_bias, use_final_bias):
+    """An `eqx.nn.MLP` without biases takes the batched custom VJP; its gradient is right."""
+    model = eqx.nn.MLP(
+        2,
+        "scalar",
+        5,
+        2,
+        jnp.tanh,
+        use_bias=use_bias,
+        use_final_bias=use_final_bias,
+        key=jax.random.key(0),
+        dtype=jnp.float64,
+    )
+    xs = jnp.asarray([[0.3, -0.4], [0.6, 0.1], [-0.2, 0.9]])
+
+    def loss(mx):
+        m, xs = mx
+        return jnp.sum(pg.laplacian(m, batched=True)(xs) ** 2)
+
+    def reference(mx):
+        m, xs = mx
+        return jnp.sum(jax.vmap(lambda x: jnp.trace(jax.hessian(m)(x)))(xs) ** 2)
+
+    got = eqx.filter_jit(eqx.filter_grad(loss))((model, xs))
+    want = eqx.filter_jit(eqx.filter_grad(reference))((model, xs))
+    assert _tree_rel(got, want) < RTOL
