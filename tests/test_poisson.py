@@ -2460,3 +2460,76 @@ def test_a_large_helmholtz_shift_is_smoothed_with_its_diagonal():
     solver = PoissonSolver(grid, "dirichlet", "multigrid", shift=c, rtol=1e-10, throw=False)
     sol = solver.solve(f)
     assert bool(sol.converged) and int(sol.iterations) <= 10, (sol.converged, sol.iterations)
+
+
+def test_compatibility_tolerance_is_the_documented_one():
+    """A mean of f within the documented 100·eps·log2(size)·max|f| passes; 10× it is refused."""
+    grid = _grid((32, 32), True)
+    f = np.random.default_rng(0).normal(size=grid.shape)
+    f -= f.mean()
+    tol = 100 * np.finfo(np.float64).eps * np.log2(f.size)  # docs/poisson.md
+    solver = PoissonSolver(grid, "periodic", "spectral")
+    cg = PoissonSolver(grid, "periodic", "cg")
+    for offset, refused in ((0.1, False), (10.0, True)):
+        g = f + offset * tol * np.abs(f).max()
+        for s in (solver, cg):
+            if refused:
+                with pytest.raises(ValueError, match="f is incompatible"):
+                    s(g)
+            else:
+                s(g)  # within round-off: accepted
+
+
+def test_a_mapping_leaves_unnamed_walled_axes_dirichlet():
+    """A bc mapping that leaves out a walled axis makes it Dirichlet, as documented."""
+    walls = _grid((8, 8), False)
+    assert PoissonSolver(walls, {"x": "neumann"}).bc == ("dirichlet", "neumann")
+    mixed = _grid((8, 8), (True, False))
+    assert PoissonSolver(mixed, {}).bc == ("periodic", "dirichlet")
+
+
+@pytest.mark.multidevice
+def test_spectral_laplacian_on_a_mesh_equals_one_device():
+    """`laplacian="spectral"` on a 2×2 mesh inverts the spectral Laplacian, as on one device."""
+    grid = _grid((16, 16), True)
+    y, x = grid.mesh_coordinates(("centre", "centre"))
+    u = np.exp(np.sin(2 * PI * x)) * np.cos(2 * PI * y)
+    u -= u.mean()
+    f = np.asarray(PoissonSolver(grid, "periodic", "spectral", laplacian="spectral").operator(u))
+    f = f - f.mean()
+    kw = dict(laplacian="spectral", compatibility="project")
+    one = PoissonSolver(grid, "periodic", "spectral", **kw)(f)
+    many = PoissonSolver(grid, "periodic", "spectral", mesh=make_mesh((2, 2), 2), **kw)(f)
+    assert _rel(many, one) <= 1e-12
+    # and it is the spectral Laplacian, not the stencil, that was inverted
+    stencil = PoissonSolver(grid, "periodic", "spectral", compatibility="project")(f)
+    assert _rel(one, stencil) >= 1e-3
+
+
+@pytest.mark.parametrize("method", ["spectral", "cg"])
+def test_dirichlet_wall_values_on_anisotropic_cells_reproduce_a_linear_field(method):
+    """Dirichlet wall values on cells with dx ≠ dy: a linear (harmonic) field is reproduced."""
+    # a linear u is harmonic and reproduced exactly by the stencil with odd ghosts 2g - u0
+    grid = _grid((8, 16), False, extent=(2.0, 0.5))
+    y, x = (np.asarray(c) for c in grid.mesh_coordinates(("centre", "centre")))
+
+    def exact(x, y):
+        return 0.7 + 1.3 * x - 2.1 * y
+
+    yc, xc = np.asarray(grid.coordinates("y")), np.asarray(grid.coordinates("x"))
+    bv = {"x": (exact(0.0, yc), exact(0.5, yc)), "y": (exact(xc, 0.0), exact(xc, 2.0))}
+    u = solve(np.zeros(grid.shape), grid, "dirichlet", method, boundary_values=bv, rtol=1e-12)
+    assert _rel(u, exact(x, y)) <= 1e-9
+
+
+def test_operator_takes_u_in_the_grids_precision():
+    """`operator` casts u to the grid's dtype: an integer u does not truncate the coefficient."""
+    grid = _grid((8, 8), False)
+    u = np.random.default_rng(1).integers(-5, 5, size=grid.shape)
+    solver = PoissonSolver(grid, "dirichlet", "cg", coefficient=1.5)
+    got = solver.operator(u)
+    assert got.dtype == jnp.float64
+    ref = solver.operator(jnp.asarray(u, jnp.float64))
+    assert _rel(got, ref) <= 1e-15
+    u32 = np.random.default_rng(2).normal(size=grid.shape).astype(np.float32)
+    assert solver.operator(u32).dtype == jnp.float64
