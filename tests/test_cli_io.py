@@ -10,6 +10,7 @@ import time
 
 import h5py
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import xarray as xr
@@ -3193,3 +3194,48 @@ def test_config_from_a_file_is_refused_where_it_would_replace_it_or_is_no_run(
         capsys.readouterr().err
     )
     assert not (tmp_path / "o.h5").exists()
+
+
+def test_drive_names_the_first_unhealthy_step_inside_a_chunk():
+    """A failure that is no NaN (the CLI's h <= 0) is located at its own step inside a
+    chunk of save_every steps, with the `healthy` check the run was given."""
+    from physjax._runner import SimulationBlewUp, drive
+
+    frames = []
+    with pytest.raises(SimulationBlewUp) as info:
+        drive(
+            lambda s, t0, n: s - n,  # one unit per step: 0 at step 7, negative from step 8
+            np.float64(7.5),
+            dt=10.0,
+            step0=0,
+            n_steps=20,
+            save_every=5,
+            on_frame=lambda s, t, k: frames.append(k),
+            healthy=lambda s: s > 0,
+            failure="h <= 0",
+        )
+    e = info.value
+    assert (e.step, e.time, e.frames_written, frames) == (8, 80.0, 1, [5])
+    assert str(e).startswith("the run blew up (h <= 0) at step 8, t = 80 s; the 1 frame")
+
+
+def test_drive_catches_a_nan_in_one_field_of_the_state():
+    """A NaN in one field of the state, the others finite, stops the run at its step."""
+    from physjax._runner import SimulationBlewUp, _all_finite, drive
+
+    def advance_(s, t0, n):
+        k = t0 / 10.0 + n  # the step reached
+        return {"h": s["h"] + n, "u": jnp.where(k >= 3, jnp.nan, s["u"])}
+
+    state = {"h": jnp.ones(4), "u": jnp.zeros(4)}
+    assert not bool(_all_finite({"h": jnp.ones(4), "u": jnp.array([0.0, jnp.inf, 0, 0])}))
+    with pytest.raises(SimulationBlewUp, match=r"at step 3, t = 30 s; the 1 frame written"):
+        drive(
+            advance_,
+            state,
+            dt=10.0,
+            step0=0,
+            n_steps=8,
+            save_every=2,
+            on_frame=lambda s, t, k: None,
+        )

@@ -1969,3 +1969,18 @@ def test_run_and_advance_gradients_store_sqrt_n_states(gyre):
     for run in (True, False):
         small, large = temp(25, run), temp(400, run)
         assert large < 4 * small, (run, small, large)
+
+
+def test_max_stable_dt_counts_beta_in_the_rotation_limit():
+    """On a beta-plane |f| reaches |f0| + |beta| Ly/2 at the walls: the rotation limit
+    sqrt(3)/max|f| of SSP-RK3 (waves made slow by a tiny gravity), concrete and traced."""
+    g = Grid((8, 8), (1e7, 1e7), periodic=(False, True), dtype="float64")
+    f0, beta = 1e-4, 2e-11  # max |f| = 1e-4 + 2e-11 * 5e6 = 2e-4
+    m = ShallowWater(g, gravity=1e-6, coriolis=f0, beta=beta)
+    s = m.initial_state(np.full(g.shape, 100.0))
+    expected = 3**0.5 / (f0 + beta * 1e7 / 2)
+    assert m.max_stable_dt(s) == pytest.approx(expected, rel=1e-12)
+    traced = jax.jit(lambda b: ShallowWater(g, gravity=1e-6, coriolis=f0, beta=b).max_stable_dt(s))(
+        beta
+    )
+    assert float(traced) == pytest.approx(expected, rel=1e-12)

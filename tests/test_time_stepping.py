@@ -455,3 +455,20 @@ def test_integrate_forward_does_not_copy_its_frames(n_frames, save_every):
         )[1]
     )
     np.testing.assert_array_equal(fn(y0), plain(y0))
+
+
+def test_step_times_a_float32_state_cannot_hold_are_refused_at_the_end_of_a_long_run():
+    """The coarsest step times are at the end of a run: float32 holds times in
+    [8192, 16384) 2**-10 apart (within 1% of dt = 0.09), from 16384 up 2**-9 apart (not).
+    A 10 000-step run from 15664 crosses 16384 only in its last 2000 steps."""
+    y0 = jnp.float32(0.0)
+
+    def step(y, t, dt):
+        return y + dt
+
+    with pytest.raises(
+        ValueError,
+        match=r"^t0=15664\.0 with dt=0\.09: the state's dtype float32 holds step (\d+)'s time",
+    ):
+        advance(step, y0, 15664.0, 0.09, 10_000)
+    advance(step, y0, 15664.0, 0.09, 4000)  # all below 16384: held within 1% of dt
