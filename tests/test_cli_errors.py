@@ -1738,3 +1738,24 @@ print(errors.getvalue(), file=sys.stderr)
         "positive integers, got '0'",
         "physjax shallow-water: error: --max-frames must be a positive integer, got 0",
     ]
+
+
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_a_non_positive_save_every_is_refused_before_any_file(tmp_path, capsys, value):
+    """`--save-every` 0 or negative: exit 2 naming the option, and no file."""
+    out = tmp_path / "o.h5"
+    argv = ["shallow-water", *FAST, "--output", str(out), "--save-every", value]
+    code, err = _error(capsys, argv)
+    assert code == 2
+    assert f"--save-every must be a positive integer, got {value}" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("value, shown", [("0", "0.0"), ("-5", "-5.0")])
+def test_a_non_positive_t_end_is_named(tmp_path, capsys, value, shown):
+    """A zero or negative `--t-end` is refused as such, before any file."""
+    argv = ["shallow-water", *FAST, "--output", str(tmp_path / "o.h5"), "--t-end", value]
+    code, err = _error(capsys, argv)
+    assert code == 2
+    assert f"--t-end must be a finite number > 0, got {shown}" in err
+    assert list(tmp_path.iterdir()) == []

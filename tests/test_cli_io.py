@@ -3239,3 +3239,104 @@ def test_drive_catches_a_nan_in_one_field_of_the_state():
             save_every=2,
             on_frame=lambda s, t, k: None,
         )
+
+
+def test_finish_drops_a_frame_left_incomplete_by_an_append_stopped_midway(tmp_path):
+    """A frame that an append stopped part-way wrote is dropped by `finish`: every reader sees
+    the whole frames only, in a file marked complete."""
+    from physjax.grids import CENTRE, X_FACE, Grid
+    from physjax.io import Variable, read_attrs
+
+    grid = Grid((3, 4), (3e3, 4e3))
+    path = tmp_path / "f.nc"
+    variables = [Variable("h", CENTRE, "m", "H"), Variable("u", X_FACE, "m s-1", "U")]
+    w = NetCDFWriter(path, grid, variables)
+    for k in range(2):
+        w.append(float(k), k, {"h": np.full(grid.shape, 1.0 + k), "u": np.ones(grid.shape)})
+    # what append does before a kill that lands ahead of its last line (n_frames = 3): the
+    # time axis and its variables grown, time, step and h written, u not
+    with h5py.File(path, "a") as h5:
+        time_axis = h5["time"]
+        time_axis.resize((3,))
+        for ref, axis in time_axis.attrs["REFERENCE_LIST"]:
+            h5[ref].resize(3, int(axis))
+        time_axis[2], h5["step"][2], h5["h"][2] = 2.0, 2, np.full(grid.shape, 3.0)
+        assert h5.attrs["n_frames"] == 2
+    w.finish()
+    with h5py.File(path, "r") as h5:
+        assert h5["time"].shape[0] == h5["h"].shape[0] == h5["u"].shape[0] == 2
+    with xr.open_dataset(path) as ds:
+        assert ds.attrs["status"] == "complete" and ds.sizes["time"] == 2
+        np.testing.assert_array_equal(ds["time"].values, [0.0, 1.0])
+    assert read_attrs(path)["n_frames"] == 2
+
+
+def test_resume_refuses_another_end_time_or_frame_interval(tmp_path, capsys):
+    """`--resume` with another `--t-end` or `--save-every` is refused and the file is untouched."""
+    out = tmp_path / "r.h5"
+    assert main(["shallow-water", *FAST, "--output", str(out), "--max-frames", "1"]) == 0
+    before = out.read_bytes()
+    resume = ["shallow-water", "--output", str(out), "--resume", "--quiet"]
+    for extra, match in (
+        (["--t-end", "14400"], "--t-end 14400.0 differs from the stored 7200.0 (leave it out"),
+        (["--save-every", "5"], "--save-every 5 differs from the stored 10 (leave it out"),
+    ):
+        code = main([*resume, *extra])
+        err = capsys.readouterr().err
+        assert code == 2 and match in err, err
+        assert out.read_bytes() == before
+    # the stored values themselves continue it
+    assert main([*resume, "--t-end", "7200", "--save-every", "10"]) == 0
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["status"] == "complete" and float(ds["time"][-1]) == 7200.0
+
+
+def test_a_new_run_replaces_a_failed_run_without_overwrite(tmp_path, capsys):
+    """A run that blew up ("failed: ...") is replaced by a new run without `--overwrite`."""
+    out = tmp_path / "boom.h5"
+    boom = ["--case", "geostrophic-adjustment", "--n", "16", "--dt", "6000", "--t-end", "600000"]
+    boom += ["--save-every", "1", "--no-cfl-check", "--quiet"]
+    assert main(["shallow-water", *boom, "--output", str(out)]) == 3
+    with h5py.File(out, "r") as f:
+        status = f.attrs["status"]
+    assert status.startswith("failed: NaN/Inf or h <= 0 at step")
+    capsys.readouterr()
+    assert main(["shallow-water", *FAST, "--output", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert (
+        f"replacing the shallow-water run in {out} (case geostrophic-adjustment, {status})" in err
+    )
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["status"] == "complete" and ds.attrs["case"] == "gravity-wave"
+
+
+def test_n_on_the_command_line_overrides_the_configs_nx_and_ny(tmp_path):
+    """`--n` on the command line wins over the config's nx and ny; `--nx` beside it over `--n`."""
+    cfg = tmp_path / "run.toml"
+    cfg.write_text("case = 'gravity-wave'\nnx = 24\nny = 8\nt_end = 7200.0\nsave_every = 10\n")
+    out = tmp_path / "o.h5"
+    assert (
+        main(["shallow-water", "--config", str(cfg), "--n", "16", "--quiet", "--output", str(out)])
+        == 0
+    )
+    with xr.open_dataset(out) as ds:
+        assert (ds.sizes["x"], ds.sizes["y"]) == (16, 16)
+    # --nx given beside it wins over --n for its own axis
+    out2 = tmp_path / "o2.h5"
+    argv = ["shallow-water", "--config", str(cfg), "--n", "16", "--nx", "12", "--quiet"]
+    assert main([*argv, "--output", str(out2)]) == 0
+    with xr.open_dataset(out2) as ds:
+        assert (ds.sizes["x"], ds.sizes["y"]) == (12, 16)
+
+
+def test_config_from_a_runs_file_keeps_its_no_cfl_check(tmp_path):
+    """`--config RUN.h5` of a `--no-cfl-check` run reruns it without the check."""
+    first = tmp_path / "first.h5"
+    argv = ["shallow-water", *FAST, "--dt", "360", "--no-cfl-check", "--output", str(first)]
+    assert main(argv) == 0
+    assert _configuration(first)["cfl_check"] is False
+    again = tmp_path / "again.h5"
+    assert main(["shallow-water", "--config", str(first), "--quiet", "--output", str(again)]) == 0
+    one, two = _configuration(first), _configuration(again)
+    assert two["cfl_check"] is False
+    assert {k for k in one if one[k] != two.get(k)} == {"output"}
