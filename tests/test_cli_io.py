@@ -3241,9 +3241,10 @@ def test_drive_catches_a_nan_in_one_field_of_the_state():
         )
 
 
-def test_finish_drops_a_frame_left_incomplete_by_an_append_stopped_midway(tmp_path):
-    """A frame that an append stopped part-way wrote is dropped by `finish`: every reader sees
-    the whole frames only, in a file marked complete."""
+@pytest.mark.parametrize("then", ["finish", "reopen"])
+def test_a_frame_left_incomplete_by_an_append_stopped_midway_is_dropped(tmp_path, then):
+    """A frame that an append stopped part-way wrote is dropped by `finish`, and by `reopen`
+    before the resumed run writes anything: every reader sees the whole frames only."""
     from physjax.grids import CENTRE, X_FACE, Grid
     from physjax.io import Variable, read_attrs
 
@@ -3262,11 +3263,15 @@ def test_finish_drops_a_frame_left_incomplete_by_an_append_stopped_midway(tmp_pa
             h5[ref].resize(3, int(axis))
         time_axis[2], h5["step"][2], h5["h"][2] = 2.0, 2, np.full(grid.shape, 3.0)
         assert h5.attrs["n_frames"] == 2
-    w.finish()
+    if then == "finish":
+        w.finish()
+    else:
+        NetCDFWriter.reopen(path, grid, variables)
     with h5py.File(path, "r") as h5:
         assert h5["time"].shape[0] == h5["h"].shape[0] == h5["u"].shape[0] == 2
     with xr.open_dataset(path) as ds:
-        assert ds.attrs["status"] == "complete" and ds.sizes["time"] == 2
+        assert ds.attrs["status"] == ("complete" if then == "finish" else "running")
+        assert ds.sizes["time"] == 2
         np.testing.assert_array_equal(ds["time"].values, [0.0, 1.0])
     assert read_attrs(path)["n_frames"] == 2
 
