@@ -391,10 +391,13 @@ def _read_field(spec: str, frame: int | None, option: str, strict: bool) -> dict
                 f"ds.transpose({dims[later[0]]!r}, ...))"
             )
         if dims and timelike[0]:
-            count = shape[0]
-            written = fh.attrs.get("n_frames")  # a physjax file: frames beyond are incomplete
-            if written is not None:
-                count = min(count, int(np.asarray(written).ravel()[0]))
+            from .io._netcdf import _frames_counted
+
+            # a physjax file: frames beyond n_frames are incomplete (a bad count is refused)
+            try:
+                count = _frames_counted(fh.attrs.get("n_frames"), shape[0], path)
+            except ValueError as e:
+                raise ValueError(f"--{option}: {e}") from None
             index = -1 if frame is None else frame
             if count == 0:
                 why = (

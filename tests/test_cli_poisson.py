@@ -1137,6 +1137,21 @@ def test_rhs_skips_an_incomplete_trailing_frame(tmp_path, capsys):
     )
 
 
+@pytest.mark.parametrize("n_frames", [-1, 2.5, True])
+def test_rhs_refuses_a_files_n_frames_that_is_no_count(tmp_path, capsys, n_frames):
+    """An ``n_frames`` that is no count of frames is refused as `read_frame` refuses it, not
+    read as "-1 frames" (an out-of-range --frame that was never given) or cut to 2."""
+    src = tmp_path / "run.h5"
+    _write_rhs(src, np.random.default_rng(3).normal(size=(3, 8, 8)), 1.0, 1.0, time=True)
+    with h5py.File(src, "a") as h:
+        h.attrs["n_frames"] = n_frames
+    code, out = _poisson(tmp_path, "--rhs", f"{src}:forcing", "--bc", "dirichlet")
+    assert code == 2 and not out.exists()
+    err = capsys.readouterr().err
+    assert f"--rhs: {str(src)!r}: attribute n_frames must be a count of frames" in err
+    assert f"got {n_frames!r}" in err and "--frame" not in err
+
+
 def test_output_replaces_a_physjax_file_but_not_someone_elses(tmp_path, capsys):
     small = ["--nx", "16", "--ny", "16"]
     code, out = _poisson(tmp_path, *small)
