@@ -3345,3 +3345,49 @@ def test_config_from_a_runs_file_keeps_its_no_cfl_check(tmp_path):
     one, two = _configuration(first), _configuration(again)
     assert two["cfl_check"] is False
     assert {k for k in one if one[k] != two.get(k)} == {"output"}
+
+
+def test_read_frame_returns_the_time_dependent_variables_only(tmp_path):
+    """`read_frame` gives the frame's variables, time and step, not the static ones."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable, read_frame
+
+    g = Grid((3, 4), (3.0, 4.0), dtype="float64")
+    path = tmp_path / "k.h5"
+    w = NetCDFWriter(
+        path, g, [Variable("h", CENTRE, "m", "h"), Variable("b", CENTRE, "m", "b", False)]
+    )
+    w.write_static({"b": np.ones(g.shape)})
+    for k in range(2):
+        w.append(float(k), k, {"h": np.full(g.shape, float(k))})
+    frame = read_frame(path)
+    assert set(frame) == {"h", "time", "step"}
+    assert frame["h"].shape == (3, 4) and float(frame["h"][0, 0]) == 1.0
+
+
+def test_read_attrs_counts_complete_frames_only(tmp_path):
+    """`read_attrs`' n_frames counts whole frames, not the time axis' length."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable, read_attrs, read_frame
+
+    g = Grid((3, 4), (3.0, 4.0), dtype="float64")
+    path = tmp_path / "c.h5"
+    w = NetCDFWriter(path, g, [Variable("h", CENTRE, "m", "h")])
+    for k in range(3):
+        w.append(float(k), k, {"h": np.full(g.shape, float(k))})
+    with h5py.File(path, "a") as f:
+        f.attrs["n_frames"] = 2  # frame 2 was never completed
+    assert read_attrs(path)["n_frames"] == 2
+    assert int(read_frame(path)["step"]) == 1
+
+
+def test_locks_unsupported_reads_the_errno_of_the_error_too():
+    """A file system without locks is told from a held lock by the error's errno too."""
+    from physjax.io._reading import locks_unsupported, transient_error
+
+    no_locks = OSError(524, "Unable to synchronously open file (unable to lock file)")
+    assert locks_unsupported(no_locks)
+    assert transient_error(no_locks) is None  # no wait mends it
+    held = OSError(11, "Unable to synchronously open file (unable to lock file)")
+    assert not locks_unsupported(held)
+    assert transient_error(held)[0] == "locked"

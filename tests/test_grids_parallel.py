@@ -1106,3 +1106,78 @@ def test_wall_halos_wider_than_one_cell_mirror_in_order(parity):
         got = np.asarray(fill_halo(jnp.asarray(f), g, X_FACE, (parity, -1)))
         want = _wall_pad(_wall_pad(f, 0, width, "centre", parity), 1, width, "face", -1)
         np.testing.assert_array_equal(got, want)
+
+
+def test_local_coordinates_take_the_origin_and_put_faces_on_the_low_side():
+    """`local_coordinates` start at the origin, faces on the low side of their cells."""
+    g = Grid((3, 4), (3.0, 8.0), origin=(-1.0, 10.0), dtype="float64")
+    np.testing.assert_array_equal(g.local_coordinates("x", "face"), [10.0, 12.0, 14.0, 16.0])
+    np.testing.assert_array_equal(g.local_coordinates("y", "centre"), [-0.5, 0.5, 1.5])
+    for name in ("y", "x"):
+        for s in ("centre", "face"):
+            np.testing.assert_array_equal(g.local_coordinates(name, s), g.coordinates(name, s))
+    # padded: one halo point each side, continuing the face spacing
+    np.testing.assert_array_equal(
+        g.local_coordinates("x", "face", padded=True), [8.0, 10.0, 12.0, 14.0, 16.0, 18.0]
+    )
+
+
+@pytest.mark.parametrize("periodic", [(False,), (False, True, True)])
+def test_grid_refuses_a_periodic_flag_count_unlike_the_axes(periodic):
+    """One periodic flag per axis, or an error naming `periodic`."""
+    with pytest.raises(ValueError, match=r"periodic must have 2 entries"):
+        Grid((4, 6), (1.0, 1.0), periodic=periodic)
+
+
+@pytest.mark.parametrize("origin", [(5.0,), (5.0, 6.0, 7.0)])
+def test_grid_refuses_an_origin_of_another_length(origin):
+    """One origin per axis, or an error naming `origin`."""
+    with pytest.raises(ValueError, match=r"origin must be 2 finite numbers"):
+        Grid((4, 6), (1.0, 1.0), origin=origin)
+
+
+@pytest.mark.multidevice
+def test_exchange_halo_on_a_non_periodic_axis_gives_the_outer_blocks_zeros():
+    """`exchange_halo` along a walled axis: neighbours' columns inside, zeros at the outer sides."""
+    from jax.sharding import PartitionSpec as P
+
+    from physjax.parallel import exchange_halo, make_mesh
+
+    assert jax.device_count() >= 4, "needs 4 (simulated) devices: see tests/conftest.py"
+    x = jnp.arange(1.0, 33.0).reshape(4, 8)  # no zeros in the data
+    mesh = make_mesh((1, 4))  # split along x, axis 1
+
+    def body(f):
+        low, high = exchange_halo(f, axis=1, width=1, axis_name="x", num_blocks=4, periodic=False)
+        return jnp.concatenate([low, high], axis=1)
+
+    got = np.asarray(
+        jax.shard_map(body, mesh=mesh, in_specs=P(None, "x"), out_specs=P(None, "x"))(x)
+    )
+    blocks = np.asarray(x).reshape(4, 4, 2)  # (row, block, column within block)
+    low, high = got[:, 0::2], got[:, 1::2]  # per block
+    np.testing.assert_array_equal(low[:, 0], 0.0)  # block 0 has no block below
+    np.testing.assert_array_equal(high[:, 3], 0.0)  # block 3 has none above
+    np.testing.assert_array_equal(low[:, 1:], blocks[:, :3, -1])
+    np.testing.assert_array_equal(high[:, :3], blocks[:, 1:, 0])
+
+
+def test_make_mesh_splits_y_first_in_3d_too():
+    """A 3-D default mesh splits y first, as in 2-D."""
+    assert dict(make_mesh(2, ndim=3).shape) == {"z": 1, "y": 2, "x": 1}
+    assert dict(make_mesh(2).shape) == {"y": 2, "x": 1}
+
+
+def test_make_mesh_of_zero_devices_is_refused_by_name():
+    """Zero or negative devices: an error naming `devices`."""
+    for bad in (0, np.int64(0), -1):
+        with pytest.raises(ValueError, match=r"devices must be a positive integer, got"):
+            make_mesh(bad)
+
+
+@pytest.mark.multidevice
+def test_shard_map_fields_refuses_a_mesh_that_does_not_divide_the_grid_eagerly():
+    """A mesh that does not divide the grid is refused when the function is built."""
+    odd = Grid((6, 16), (1.0, 1.0), dtype="float64")
+    with pytest.raises(ValueError, match="the mesh does not divide the grid: ny=6 cannot be split"):
+        shard_map_fields(lambda g, f: f, odd, make_mesh((4, 1)))

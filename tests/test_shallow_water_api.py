@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from physjax.grids import Grid
+from physjax.grids import CENTRE, Grid
 from physjax.parallel import make_mesh, shard
 from physjax.solvers import ShallowWater, ShallowWaterState
 from physjax.solvers.shallow_water import CASES, make_case
@@ -1984,3 +1984,55 @@ def test_max_stable_dt_counts_beta_in_the_rotation_limit():
         beta
     )
     assert float(traced) == pytest.approx(expected, rel=1e-12)
+
+
+def test_geostrophic_adjustment_step_is_centred_in_a_non_square_domain():
+    """The height step sits at the centre of a domain with Lx ≠ Ly."""
+    case = make_case(
+        "geostrophic-adjustment", nx=40, ny=20, precision="float64", Lx=2000e3, Ly=1000e3
+    )
+    grid = case.model.grid
+    y, x = grid.mesh_coordinates(CENTRE)
+    eta = np.asarray(case.state.h) - case.parameters["mean_depth"]
+    assert eta.min() >= 0 and eta.max() > 5.0  # a 10 m step, sampled
+    xc, yc = np.sum(x * eta) / eta.sum(), np.sum(y * eta) / eta.sum()
+    # pristine: exactly the domain's centre; C3: a step centred at (500 km, 1000 km)
+    assert abs(xc - 1000e3) <= 1.0 and abs(yc - 500e3) <= 1.0, (xc, yc)
+
+
+def test_barotropic_instability_perturbation_lies_on_the_jet_axis():
+    """The perturbation of the unstable jet lies on its axis, nothing at the walls."""
+    c = make_case("barotropic-instability", nx=32, ny=32, precision="float64")
+    h = np.asarray(c.state.h)
+    bump = np.abs(h - h.mean(axis=1, keepdims=True)).max(axis=1)  # per row
+    ny = h.shape[0]
+    assert int(np.argmax(bump)) in (ny // 2 - 1, ny // 2), bump
+    # at the walls, 1500 km = 6 jet widths from the axis, nothing (exp(-36) ~ 2e-16)
+    assert bump[0] <= 1e-9 * bump.max() and bump[-1] <= 1e-9 * bump.max(), bump
+
+
+def test_default_grid_of_the_channel_cases_is_nx_by_ny_as_documented():
+    """The channel cases' default grids are nx × ny as documented."""
+    # docs/shallow_water.md: zonal-jet 128x64, barotropic-instability 256x128 (nx x ny)
+    for name, (ny, nx) in (("zonal-jet", (64, 128)), ("barotropic-instability", (128, 256))):
+        case = make_case(name)
+        assert case.state.h.shape == (ny, nx), (name, case.state.h.shape)
+        assert (case.parameters["nx"], case.parameters["ny"]) == (nx, ny)
+
+
+def test_a_gravity_wave_along_one_axis_is_built():
+    """A gravity wave with one wavenumber zero is built, constant along that axis."""
+    for mx, my in ((2, 0), (0, 3)):
+        case = make_case("gravity-wave", nx=16, ny=16, precision="float64", mode_x=mx, mode_y=my)
+        eta = np.asarray(case.state.h) - 100.0
+        assert np.ptp(eta) > 0.015  # the 0.01 m wave (peak to peak 0.0185 at 16 cells)
+        # constant along the axis with no wavenumber
+        along = 0 if my == 0 else 1
+        assert np.ptp(eta, axis=along).max() <= 1e-15
+
+
+def test_wind_gyre_takes_its_boundary_parameter():
+    """wind-gyre's `boundary` reaches the model; free-slip by default."""
+    case = make_case("wind-gyre", nx=8, ny=8, boundary="no-slip")
+    assert case.model.boundary == "no-slip" and case.parameters["boundary"] == "no-slip"
+    assert make_case("wind-gyre", nx=8, ny=8).model.boundary == "free-slip"
