@@ -1960,3 +1960,93 @@ def test_config_from_a_file_replays_what_its_command_was_given(tmp_path):
     assert {k for k in one if one[k] != two.get(k)} == {"output"}
     with xr.open_dataset(first) as a, xr.open_dataset(again) as b:
         np.testing.assert_array_equal(a["u"], b["u"])
+
+
+def _write_f(path, f):
+    with h5py.File(path, "w") as h:
+        h["f"] = f
+
+
+def test_the_written_residual_is_f_minus_a_u_of_the_written_u(tmp_path, capsys):
+    """The file's `residual` is f − A u of its own u, sign included (an unconverged solve)."""
+    one_cycle = ["--case", "dirichlet", "--n", "32", "--method", "multigrid"]
+    code, out = _poisson(tmp_path, *one_cycle, "--max-iterations", "1")
+    assert code == 1  # one V-cycle: a residual far from round-off, marked failed
+    with xr.open_dataset(out) as ds:
+        u, f, r = (np.asarray(ds[k]) for k in ("u", "f", "residual"))
+        assert ds["residual"].attrs["long_name"] == "f - A u of the discrete problem"
+    expected = f - _fd_laplacian(u, (1 / 32, 1 / 32), ("dirichlet", "dirichlet"))
+    assert np.abs(expected).max() > 1e-6 * np.abs(f).max()
+    np.testing.assert_allclose(r, expected, rtol=0, atol=1e-9 * np.abs(f).max())
+
+
+def test_error_l2_is_the_rms_of_the_written_error(tmp_path):
+    """`error_l2` and `error_max` are the RMS and max of the written `error`."""
+    code, out = _poisson(tmp_path, "--case", "dirichlet", "--n", "16")
+    assert code == 0
+    with xr.open_dataset(out) as ds:
+        err = np.asarray(ds["error"])
+        assert ds.attrs["error_l2"] == pytest.approx(np.sqrt(np.mean(err**2)), rel=1e-12)
+        assert ds.attrs["error_max"] == pytest.approx(np.abs(err).max(), rel=1e-12)
+
+
+def test_a_dirichlet_problem_reports_no_mean_removed(tmp_path, capsys):
+    """Only a singular problem reports a mean of f removed, in its file and closing line."""
+    src = tmp_path / "in.h5"
+    _write_f(src, 1.0 + np.random.default_rng(0).normal(size=(16, 16)))  # mean ~1
+    code, out = _poisson(tmp_path, "--rhs", f"{src}:f", "--bc", "dirichlet")
+    assert code == 0
+    assert "removed" not in capsys.readouterr().out
+    with xr.open_dataset(out) as ds:
+        assert ds.attrs["rhs_mean_removed"] == 0.0
+    # a periodic one does remove it, and says so
+    code, out = _poisson(tmp_path, "--rhs", f"{src}:f", "--bc", "periodic", name="p2.h5")
+    assert code == 0
+    assert "removed)" in capsys.readouterr().out
+    with xr.open_dataset(out) as ds, h5py.File(src, "r") as h:
+        assert ds.attrs["rhs_mean_removed"] == pytest.approx(float(np.mean(h["f"][...])))
+
+
+@pytest.mark.parametrize("case", ["dirichlet", "periodic-sines", "neumann"])
+def test_3d_manufactured_cases_match_their_exact_solution(tmp_path, case):
+    """3-D manufactured solves converge to their exact u at second order."""
+    errors = []
+    for n in (8, 16):
+        code, out = _poisson(
+            tmp_path, "--case", case, "--n", str(n), "--nz", str(n), name=f"{n}.h5"
+        )
+        assert code == 0
+        with xr.open_dataset(out) as ds:
+            assert ds["u"].dims == ("z", "y", "x")
+            errors.append(float(ds.attrs["error_max"]))
+    assert errors[1] < 0.05  # u_exact is O(1)
+    assert abs(np.log2(errors[0] / errors[1]) - 2) <= 0.3, errors
+
+
+def test_a_bc_other_than_the_cases_on_one_axis_drops_the_exact_solution(tmp_path):
+    """A --bc unlike the case's on one axis: no exact solution or error is written."""
+    code, out = _poisson(tmp_path, "--case", "dirichlet", "--n", "16", "--bc", "dirichlet,periodic")
+    assert code == 0
+    with xr.open_dataset(out) as ds:
+        assert "u_exact" not in ds and "error" not in ds and "error_max" not in ds.attrs
+        assert ds.attrs["case"] == "dirichlet right-hand side, bc dirichlet,periodic"
+
+
+def test_nz_with_a_2d_rhs_is_refused(tmp_path, capsys):
+    """--nz with a 2-D --rhs is refused, not ignored."""
+    src = tmp_path / "in.h5"
+    _write_f(src, np.zeros((8, 8)))
+    code, out = _poisson(tmp_path, "--rhs", f"{src}:f", "--bc", "dirichlet", "--nz", "4")
+    assert code == 2 and not out.exists()
+    assert f"--nz given, but --rhs {src}:f is 2-D (shape (8, 8))" in capsys.readouterr().err
+
+
+def test_variable_coefficient_case_with_rhs_needs_a_coefficient(tmp_path, capsys):
+    """The variable-coefficient case with --rhs needs --coefficient."""
+    src = tmp_path / "in.h5"
+    _write_f(src, np.zeros((8, 8)))
+    code, out = _poisson(tmp_path, "--case", "variable-coefficient", "--rhs", f"{src}:f")
+    assert code == 2 and not out.exists()
+    assert "with --rhs give the coefficient by --coefficient FILE:VARIABLE" in (
+        capsys.readouterr().err
+    )

@@ -2533,3 +2533,26 @@ def test_operator_takes_u_in_the_grids_precision():
     assert _rel(got, ref) <= 1e-15
     u32 = np.random.default_rng(2).normal(size=grid.shape).astype(np.float32)
     assert solver.operator(u32).dtype == jnp.float64
+
+
+def test_a_coefficient_of_zero_is_refused():
+    """A coefficient of zero in one cell, or 0.0, is refused (a > 0)."""
+    walls = _grid((16, 16), False)
+    a = np.ones((16, 16))
+    a[3, 4] = 0.0
+    for method in ("cg", "multigrid"):
+        with pytest.raises(
+            ValueError, match=r"coefficient must be finite and > 0 everywhere, got min 0"
+        ):
+            PoissonSolver(walls, "dirichlet", method, coefficient=a)
+    with pytest.raises(ValueError, match="coefficient must be finite and > 0 everywhere"):
+        PoissonSolver(walls, "dirichlet", "cg", coefficient=0.0)
+
+
+def test_halving_stops_at_the_first_level_of_at_most_256_or_max_coarse_cells():
+    """The hierarchy stops at the first level of ≤ 256 cells, or ≤ max_coarse."""
+    grid = _grid((32, 32), False)
+    assert PoissonSolver(grid, "dirichlet", "multigrid").levels[-1].grid.shape == (16, 16)
+    small = PoissonSolver(grid, "dirichlet", "multigrid", max_coarse=64)
+    assert small.levels[-1].grid.shape == (8, 8)  # 64 cells: at most max_coarse, not halved
+    assert [lv.grid.shape for lv in small.levels] == [(32, 32), (16, 16), (8, 8)]
