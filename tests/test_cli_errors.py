@@ -1759,3 +1759,65 @@ def test_a_non_positive_t_end_is_named(tmp_path, capsys, value, shown):
     assert code == 2
     assert f"--t-end must be a finite number > 0, got {shown}" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def _panels(figure):
+    return [ax for ax in figure.axes if ax.get_label() != "<colorbar>"]
+
+
+def test_plot_frame_draws_the_frame_asked_for(tmp_path, monkeypatch, drawn_figures):
+    """`physjax plot --frame K` draws frame K's height anomaly and vorticity."""
+    import physjax._plot as plot
+
+    run = tmp_path / "w.h5"
+    assert main(["shallow-water", *FAST, "--output", str(run)]) == 0
+    drawn, colour_scale = [], plot._colour_scale
+    monkeypatch.setattr(
+        plot, "_colour_scale", lambda data, cmap: drawn.append(data) or colour_scale(data, cmap)
+    )
+    with xr.open_dataset(run, engine="h5netcdf", decode_times=False) as ds:
+        h, zeta = ds["h"].values, ds["zeta"].values
+        assert ds.sizes["time"] >= 3
+    ny, nx = h.shape[1:]
+    for frame in (0, 1):
+        drawn.clear()
+        assert (
+            main(["plot", str(run), "--frame", str(frame), "--output", str(tmp_path / "p.png")])
+            == 0
+        )
+        anomaly, vorticity = drawn
+        np.testing.assert_allclose(anomaly, h[frame] - h[frame].mean(), rtol=0, atol=1e-12)
+        np.testing.assert_array_equal(vorticity[:ny, :nx], zeta[frame])
+    assert np.abs(h[0] - h[-1]).max() > 1e-4  # the frames differ: the check above can fail
+
+
+def test_plot_height_anomaly_is_of_the_surface_over_the_bottom(tmp_path, drawn_figures):
+    """The height-anomaly panel is of the surface h + b: a lake at rest over a bump is flat."""
+    run = tmp_path / "w.h5"
+    assert main(["shallow-water", *FAST, "--output", str(run)]) == 0
+    with h5py.File(run, "a") as f:
+        ny, nx = f["bottom"].shape
+        bump = np.zeros((ny, nx))
+        bump[4:9, 3:12] = 8.0  # exact in binary: h + b is exactly the depth
+        f["bottom"][...] = bump
+        h = f["h"][...]
+        h[-1] = 100.0 - bump
+        f["h"][...] = h
+    assert main(["plot", str(run), "--output", str(tmp_path / "p.png")]) == 0
+    height = _panels(drawn_figures[-1])[0]
+    assert height.get_title() == "height anomaly (constant 0)"
+    assert np.asarray(height.collections[0].get_array()).max() == 0
+    assert np.asarray(height.collections[0].get_array()).min() == 0
+
+
+def test_plot_colour_bars_name_the_panels_and_their_units(tmp_path, drawn_figures):
+    """The colour bars name each panel's quantity and units."""
+    run = tmp_path / "w.h5"
+    assert main(["shallow-water", *FAST, "--output", str(run)]) == 0
+    assert main(["plot", str(run), "--output", str(tmp_path / "p.png")]) == 0
+    # each panel's colour bar is an inset axes of it (_plot._bar_beside)
+    bars = [bar.get_ylabel() for ax in _panels(drawn_figures[-1]) for bar in ax.child_axes]
+    assert len(bars) == 2, bars
+    power = r"(\$10\^\{-?\d+\}\$ )?"
+    assert re.fullmatch(rf"height anomaly \[{power}m\]", bars[0]), bars
+    assert re.fullmatch(rf"relative vorticity \[{power}s\$\^\{{-1\}}\$\]", bars[1]), bars

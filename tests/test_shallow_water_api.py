@@ -1,5 +1,6 @@
 """Shallow-water library API: input checks, transformations (jit/grad/vmap), diffrax paths."""
 
+import math
 import os
 import re
 import subprocess
@@ -2036,3 +2037,34 @@ def test_wind_gyre_takes_its_boundary_parameter():
     case = make_case("wind-gyre", nx=8, ny=8, boundary="no-slip")
     assert case.model.boundary == "no-slip" and case.parameters["boundary"] == "no-slip"
     assert make_case("wind-gyre", nx=8, ny=8).model.boundary == "free-slip"
+
+
+def test_max_stable_dt_counts_the_flow_along_either_axis():
+    """The CFL limit counts a flow along y as along x, eager and traced alike."""
+    g = Grid((8, 8), (1.0e5, 1.0e5), periodic=(True, True), dtype="float64")
+    m = ShallowWater(g, coriolis=0.0)
+    h = np.full(g.shape, 10.0)
+    fast = np.full(g.shape, 20.0)
+    inv = math.sqrt(1 / g.dx**2 + 1 / g.dy**2)
+    expected = math.sqrt(3) / (2 * (math.sqrt(9.81 * 10.0) + 20.0) * inv)  # SSP-RK3: L = √3
+    along_x = m.max_stable_dt(m.initial_state(h, u=fast))
+    along_y = m.max_stable_dt(m.initial_state(h, v=fast))
+    assert along_x == pytest.approx(expected, rel=1e-12)
+    assert along_y == pytest.approx(expected, rel=1e-12)
+    # the eager (Python) limit equals the traced one
+    traced = jax.jit(lambda s: m.max_stable_dt(s))(m.initial_state(h, v=fast))
+    assert float(traced) == pytest.approx(expected, rel=1e-12)
+    with pytest.raises(ValueError, match="breaks the CFL stability limit"):
+        m.check_dt(m.initial_state(h, v=fast), 1.01 * expected)
+
+
+def test_potential_vorticity_takes_f_at_the_corners_of_a_beta_plane():
+    """PV at rest on a beta-plane is f at the corners' y over the depth."""
+    ny, nx, ly = 8, 4, 8.0e5
+    g = Grid((ny, nx), (ly, 4.0e5), periodic=(False, True), dtype="float64")
+    f0, beta, depth = 1e-4, 2e-11, 50.0
+    m = ShallowWater(g, coriolis=f0, beta=beta)
+    q = np.asarray(m.potential_vorticity(m.initial_state(np.full(g.shape, depth))))
+    y_corner = np.arange(ny) * (ly / ny)  # corner row j at y = j Δy (the south-west corners)
+    expected = (f0 + beta * (y_corner - ly / 2)) / depth
+    np.testing.assert_allclose(q, np.broadcast_to(expected[:, None], (ny, nx)), rtol=1e-12)

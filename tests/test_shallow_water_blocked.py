@@ -593,3 +593,39 @@ def test_advance_in_blocks_uses_each_steps_time(n_steps):
     plain = integrate(step, y0, t0, dt, 3, n_steps)
     np.testing.assert_allclose(np.asarray(frames), np.asarray(plain), rtol=0, atol=1e-15)
     assert abs(float(frames[0]) - ref) <= 1e-15
+
+
+def test_automatic_strips_take_no_divisor_below_half_the_target():
+    """The automatic strip height takes a divisor of ny only from half its target up."""
+    from physjax.solvers.shallow_water._blocked import auto_strip_rows
+
+    # 1 MiB per strip field of 4096 float64 columns: a target of 32 rows; 407 = 11 x 37 has
+    # no divisor from 16 to 32, and 11 below
+    g = Grid((407, 4096), (1.0, 1.0), dtype="float64")
+    assert auto_strip_rows(g, cache_bytes=2**20, min_rows=9) == 32
+    g = Grid((416, 4096), (1.0, 1.0), dtype="float64")  # 416 = 13 x 32: the target divides
+    assert auto_strip_rows(g, cache_bytes=2**20, min_rows=9) == 32
+
+
+def test_walled_strips_whose_first_strip_is_under_the_overlap_equal_plain_steps():
+    """Strips between walls whose first strip is under the overlap equal plain steps."""
+    # 20 rows in strips of 9, 3 steps per visit (9 rows of overlap): 20 % 9 = 2 < 9, so the
+    # first strip takes 11 rows. (With one step per visit the mutant happens to be exact.)
+    ny, m, steps = 20, 9, 3
+    nx = 8
+    g = Grid((ny, nx), (ny * 1e4, nx * 1e4), periodic=(False, True), dtype="float64")
+    rng = np.random.default_rng(5)
+    plain = ShallowWater(g, strip_rows=0, coriolis=1e-4, viscosity=10.0, boundary="no-slip")
+    s = plain.initial_state(
+        1000 + rng.standard_normal(g.shape),
+        0.3 * rng.standard_normal(g.shape),
+        0.3 * rng.standard_normal(g.shape),
+    )
+    dt = 0.5 * plain.max_stable_dt(s)
+    assert ny % m < 3 * steps  # the case: a first strip of ny % m + m rows
+    a = plain.run(s, dt=dt, n_steps=2 * steps, save_every=2 * steps).states
+    b = dataclasses.replace(plain, strip_rows=m, strip_steps=steps)
+    b = b.run(s, dt=dt, n_steps=2 * steps, save_every=2 * steps).states
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
+        x, y = np.asarray(x), np.asarray(y)
+        assert np.max(np.abs(x - y)) <= 1e-12 * np.max(np.abs(x))
