@@ -1,5 +1,6 @@
 """The physjax command and its NetCDF4 output: format, resume, blow-up, bad input."""
 
+import itertools
 import json
 import os
 import re
@@ -3391,3 +3392,76 @@ def test_locks_unsupported_reads_the_errno_of_the_error_too():
     held = OSError(11, "Unable to synchronously open file (unable to lock file)")
     assert not locks_unsupported(held)
     assert transient_error(held)[0] == "locked"
+
+
+def test_every_coordinate_variable_carries_its_axis_2d_and_3d(tmp_path):
+    """Every coordinate, centre and face, 2-D and 3-D, has its CF `axis`; faces the xgcm shift."""
+    from physjax.grids import Grid
+    from physjax.io import Variable
+
+    for shape, extent in (((4, 6), (4e3, 6e3)), ((2, 4, 6), (100.0, 4e3, 6e3))):
+        g = Grid(shape, extent, dtype="float32")
+        path = tmp_path / f"a{len(shape)}.nc"
+        w = NetCDFWriter(path, g, [Variable("h", ("centre",) * len(shape), "m", "H")])
+        w.append(0.0, 0, {"h": np.zeros(g.shape)})
+        w.finish()
+        with xr.open_dataset(path) as ds:
+            for name in g.axis_names:
+                for coord in (name, f"{name}_f"):
+                    assert ds[coord].attrs["axis"] == name.upper(), coord
+            for name in g.axis_names:  # and xgcm's shift on the faces only
+                assert ds[f"{name}_f"].attrs["c_grid_axis_shift"] == -0.5
+                assert "c_grid_axis_shift" not in ds[name].attrs
+
+
+def test_sgrid_locations_of_every_3d_stagger(tmp_path):
+    """The SGRID location of each of the eight 3-D staggers, as docs/output.md lists them."""
+    from physjax.grids import Grid
+    from physjax.io import Variable
+
+    g = Grid((2, 4, 6), (100.0, 4e3, 6e3), dtype="float32")  # axes (z, y, x)
+    expected = {
+        ("centre", "centre", "centre"): "volume",
+        ("centre", "centre", "face"): "face1",  # normal to x
+        ("centre", "face", "centre"): "face2",  # normal to y
+        ("face", "centre", "centre"): "face3",  # normal to z
+        ("face", "face", "centre"): "edge1",  # along x
+        ("face", "centre", "face"): "edge2",  # along y
+        ("centre", "face", "face"): "edge3",  # along z
+        ("face", "face", "face"): "node",
+    }
+    assert set(expected) == set(itertools.product(("centre", "face"), repeat=3))
+    names = {loc: "v_" + "".join(s[0] for s in loc) for loc in expected}
+    variables = [Variable(names[loc], loc, "1", names[loc], False) for loc in expected]
+    path = tmp_path / "s3.nc"
+    w = NetCDFWriter(path, g, variables)
+    w.write_static({names[loc]: np.zeros(g.shape) for loc in expected})
+    w.finish()
+    with xr.open_dataset(path) as ds:
+        got = {loc: ds[names[loc]].attrs["location"] for loc in expected}
+        dims = {loc: ds[names[loc]].dims for loc in expected}
+    assert got == expected
+    assert dims[("centre", "face", "face")] == ("z", "y_f", "x_f")
+
+
+def test_a_python_writer_records_title_parameters_and_conventions(tmp_path):
+    """A writer made from Python records a title, parameters, Conventions and version."""
+    from physjax.grids import CENTRE, Grid
+    from physjax.io import Variable, read_attrs
+
+    g = Grid((4, 6), (4e3, 6e3), dtype="float32")
+    plain = tmp_path / "plain.nc"
+    w = NetCDFWriter(plain, g, [Variable("h", CENTRE, "m", "H")])
+    w.append(0.0, 0, {"h": np.zeros(g.shape)})
+    w.finish()
+    a = read_attrs(plain)
+    assert a["title"] == "physjax output"
+    assert a["parameters"] == {}
+    assert a["Conventions"] == "CF-1.9 SGRID-0.3" and a["physjax_version"]
+    assert a["status"] == "complete" and a["n_frames"] == 1
+    named = tmp_path / "named.nc"
+    attrs = {"title": "my run", "case": "lake", "parameters": {"g": 9.81}}
+    NetCDFWriter(named, g, [Variable("h", CENTRE, "m", "H")], attrs=attrs).finish("stopped")
+    b = read_attrs(named)
+    assert b["title"] == "my run" and b["case"] == "lake"
+    assert b["parameters"] == {"g": 9.81} and b["parameter_g"] == 9.81

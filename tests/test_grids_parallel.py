@@ -1181,3 +1181,26 @@ def test_shard_map_fields_refuses_a_mesh_that_does_not_divide_the_grid_eagerly()
     odd = Grid((6, 16), (1.0, 1.0), dtype="float64")
     with pytest.raises(ValueError, match="the mesh does not divide the grid: ny=6 cannot be split"):
         shard_map_fields(lambda g, f: f, odd, make_mesh((4, 1)))
+
+
+@pytest.mark.multidevice
+def test_the_writer_stores_the_whole_field_of_a_sharded_array(tmp_path):
+    """A field split over a 2×2 mesh is written whole."""
+    from physjax.io import NetCDFWriter, Variable, read_frame, read_static
+
+    g = Grid((4, 6), (4e3, 6e3), dtype="float32")
+    mesh = make_mesh((2, 2))
+    h = np.arange(24, dtype=np.float32).reshape(g.shape)
+    hs, bs = shard((h, 2 * h), g, mesh)
+    assert len(hs.sharding.device_set) == 4 and hs.sharding.shard_shape(hs.shape) == (2, 3)
+    path = tmp_path / "sharded.nc"
+    w = NetCDFWriter(
+        path, g, [Variable("h", CENTRE, "m", "H"), Variable("b", CENTRE, "m", "B", False)]
+    )
+    w.write_static({"b": bs})
+    w.append(0.0, 0, {"h": hs})
+    w.append(1.0, 1, {"h": hs + 1})
+    w.finish()
+    np.testing.assert_array_equal(read_frame(path, 0)["h"], h)
+    np.testing.assert_array_equal(read_frame(path, -1)["h"], h + 1)
+    np.testing.assert_array_equal(read_static(path)["b"], 2 * h)
