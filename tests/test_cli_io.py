@@ -3465,3 +3465,6 @@ def test_a_python_writer_records_title_parameters_and_conventions(tmp_path):
     b = read_attrs(named)
     assert b["title"] == "my run" and b["case"] == "lake"
     assert b["parameters"] == {"g": 9.81} and b["parameter_g"] == 9.81
+    untitled = tmp_path / "untitled.nc"
+    NetCDFWriter(untitled, g, [Variable("h", CENTRE, "m", "H")], attrs={"title": None}).finish()
+    assert read_attrs(untitled)["title"] == "physjax output"  # not the text "None"

@@ -609,7 +609,8 @@ class NetCDFWriter:
     def _write_new(self, tmp: str, attrs: dict[str, Any]) -> None:
         g = self.grid
         dtype = np.dtype(g.dtype)
-        title = str(attrs.pop("title", "physjax output"))
+        title = attrs.pop("title", None)  # None: the default, not the text "None"
+        title = "physjax output" if title is None else str(title)
         attrs.setdefault("parameters", {})  # every file records its parameters
         run_attrs = _run_attrs_to_store(attrs, "attrs")
         stored = _attrs_to_store(attrs, "attrs")
