@@ -1821,3 +1821,92 @@ def test_plot_colour_bars_name_the_panels_and_their_units(tmp_path, drawn_figure
     power = r"(\$10\^\{-?\d+\}\$ )?"
     assert re.fullmatch(rf"height anomaly \[{power}m\]", bars[0]), bars
     assert re.fullmatch(rf"relative vorticity \[{power}s\$\^\{{-1\}}\$\]", bars[1]), bars
+
+
+def test_cfl_on_the_command_line_overrides_dt_from_the_config(tmp_path):
+    """The reverse of the --dt-over-cfl case: a file's dt was kept next to --cfl, and the
+    run took the file's fixed step, the --cfl typed on the command line silently ignored."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("dt = 360.0\n")
+    out = tmp_path / "o.h5"
+    argv = ["shallow-water", *FAST, "--config", str(cfg), "--cfl", "0.25", "--output", str(out)]
+    assert main(argv) == 0
+    with h5py.File(out, "r") as f:
+        config = json.loads(f.attrs["configuration"])
+    assert config["cfl"] == 0.25 and config["dt_requested"] is None, config
+    assert config["dt"] != 360.0
+
+
+def test_devices_that_cannot_split_a_non_square_grid_are_refused_before_jax_starts(
+    tmp_path, capsys, monkeypatch
+):
+    """A mesh that cannot split a non-square grid is refused before jax starts, naming ny."""
+    from physjax import cli
+
+    started = []
+    monkeypatch.setattr(cli, "setup_jax", lambda *a: started.append(a))
+    out = tmp_path / "o.h5"
+    # 4x1 splits ny = 6 four ways (it does not); the transposed grid, ny = 16, it would
+    argv = ["shallow-water", *FAST, "--nx", "16", "--ny", "6", "--devices", "4x1"]
+    code, err = _error(capsys, [*argv, "--output", str(out)])
+    assert code == 2 and "--devices 4x1: the mesh does not divide the grid" in err, err
+    assert "ny=6" in err, err
+    assert started == []  # refused before any device was simulated
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_no_plot_on_the_command_line_overrides_the_configs_plot(tmp_path, capsys):
+    """docs: --no-plot draws no picture "over a config file's plot (not with --plot)"."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(f"plot = {str(tmp_path / 'q.png')!r}\n")
+    out = tmp_path / "o.h5"
+    argv = ["shallow-water", *FAST, "--config", str(cfg), "--output", str(out)]
+    assert main([*argv, "--no-plot"]) == 0
+    assert not (tmp_path / "q.png").exists()
+    with h5py.File(out, "r") as f:
+        assert json.loads(f.attrs["configuration"])["plot"] is None
+    code, err = _error(capsys, [*argv, "--no-plot", "--plot", str(tmp_path / "r.png")])
+    assert code == 2 and "--plot and --no-plot exclude each other" in err
+
+
+@pytest.mark.parametrize(
+    "toml, ok",
+    [
+        ("cfl_check = true\nno_cfl_check = true\n", False),
+        ("cfl_check = false\nno_cfl_check = false\n", False),
+        ("cfl_check = false\nno_cfl_check = true\n", True),
+    ],
+)
+def test_config_cfl_check_and_no_cfl_check_must_agree(tmp_path, capsys, toml, ok):
+    """A config's cfl_check and no_cfl_check must agree; agreeing, the check is off."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(toml + "dt = 1800.0\n")  # over this grid's limit (~1200 s)
+    out = tmp_path / "o.h5"
+    argv = ["shallow-water", *FAST[:-3], "--quiet", "--config", str(cfg), "--output", str(out)]
+    code, err = _error(capsys, argv)
+    if ok:
+        assert code == 0, err
+        with h5py.File(out, "r") as f:
+            assert json.loads(f.attrs["configuration"])["cfl_check"] is False
+    else:
+        assert code == 2 and "cfl_check and no_cfl_check contradict each other" in err, err
+        assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "toml, key, got",
+    [
+        ("save_every = 5.0\n", "save_every", "5.0"),
+        ("save-every = 5.0\n", "save-every", "5.0"),
+        ("max_frames = 1.0\n", "max_frames", "1.0"),
+    ],
+)
+def test_config_counts_given_as_floats_are_refused(tmp_path, capsys, toml, key, got):
+    """Counts in a config given as floats (5.0) are refused as not integers."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text('case = "gravity-wave"\n' + toml)
+    out = tmp_path / "o.h5"
+    code, err = _error(capsys, ["shallow-water", "--config", str(cfg), "--output", str(out)])
+    assert code == 2, err
+    assert f"--config: {key} in {str(cfg)!r} must be an integer, got {got} (float)" in err, err
+    assert not out.exists()

@@ -3468,3 +3468,68 @@ def test_a_python_writer_records_title_parameters_and_conventions(tmp_path):
     untitled = tmp_path / "untitled.nc"
     NetCDFWriter(untitled, g, [Variable("h", CENTRE, "m", "H")], attrs={"title": None}).finish()
     assert read_attrs(untitled)["title"] == "physjax output"  # not the text "None"
+
+
+@pytest.mark.parametrize(
+    "layout, shape", [("[4, 1]", {"y": 4, "x": 1}), ("[1, 4]", {"y": 1, "x": 4})]
+)
+def test_a_device_layout_given_as_a_list_in_the_config_is_y_by_x(
+    tmp_path, monkeypatch, layout, shape
+):
+    """A config's `devices = [P, Q]` is P devices along y by Q along x, as `--devices PxQ`."""
+    meshes, advance = [], ShallowWater.advance
+
+    def spy(self, *a, mesh=None, **k):
+        meshes.append(None if mesh is None else dict(mesh.shape))
+        return advance(self, *a, mesh=mesh, **k)
+
+    monkeypatch.setattr(ShallowWater, "advance", spy)
+    cfg = tmp_path / "d.toml"
+    cfg.write_text(f'case = "gravity-wave"\nn = 16\nt_end = 3600.0\ndevices = {layout}\n')
+    out = tmp_path / "d.h5"
+    assert main(["shallow-water", "--config", str(cfg), "--output", str(out), "--quiet"]) == 0
+    with h5py.File(out, "r") as f:
+        assert json.loads(f.attrs["configuration"])["devices"] == json.loads(layout)
+    assert meshes and all(m == shape for m in meshes), meshes
+
+
+def test_progress_bar_counts_steps_and_shows_steps_per_second(tmp_path, capsys):
+    """docs/shallow_water.md: the bar shows steps, simulated time and steps/s."""
+    from physjax._runner import _format_time
+
+    out = tmp_path / "o.h5"
+    argv = ["shallow-water", *[a for a in FAST if a != "--quiet"], "--output", str(out)]
+    assert main(argv) == 0
+    with h5py.File(out, "r") as f:
+        n_steps = json.loads(f.attrs["configuration"])["n_steps"]
+    draws = [s for s in re.split(r"[\r\n]", capsys.readouterr().err) if "shallow-water" in s]
+    last = draws[-1]
+    assert f" {n_steps}/{n_steps} " in last and f"t={_format_time(7200.0)}]" in last, draws
+    assert re.search(r"step/s|s/step", last), last
+
+
+def test_closing_line_of_a_stopped_run_gives_the_time_and_step_it_reached(tmp_path, capsys):
+    """The closing line of a run stopped by --max-frames gives the time and step it reached."""
+    out = tmp_path / "o.h5"
+    assert main(["shallow-water", *FAST, "--output", str(out), "--max-frames", "1"]) == 0
+    line = capsys.readouterr().out.strip()
+    with h5py.File(out, "r") as f:
+        step, t = int(f["step"][-1]), float(f["time"][-1])
+        dt = json.loads(f.attrs["configuration"])["dt"]
+    assert step == 10
+    assert line.startswith(
+        f"wrote 2 frames of gravity-wave (t = {t:.6g} s, 10 steps of dt = {dt:.6g} s) to {out}"
+    ), line
+    assert "(stopped at step 10/" in line
+
+
+def test_param_overrides_one_config_parameter_and_keeps_the_others(tmp_path):
+    """`--param` replaces one parameter of the config's [parameters] and keeps the others."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text("[parameters]\nmean_depth = 60.0\ncoriolis = 2e-4\n")
+    out = tmp_path / "o.h5"
+    argv = ["shallow-water", *FAST, "--config", str(cfg), "--output", str(out)]
+    assert main([*argv, "--param", "mean-depth=50"]) == 0
+    with h5py.File(out, "r") as f:
+        params = json.loads(f.attrs["parameters"])
+    assert params["mean_depth"] == 50.0 and params["coriolis"] == 2e-4, params
