@@ -23,6 +23,18 @@ from physjax.solvers.shallow_water import ShallowWater
 FAST = ["--case", "gravity-wave", "--n", "16", "--t-end", "7200", "--save-every", "10", "--quiet"]
 
 
+def _meshes_advanced_on(monkeypatch):
+    """The list to which every ShallowWater.advance call adds its mesh's shape (or None)."""
+    meshes, advance = [], ShallowWater.advance
+
+    def spy(self, *a, mesh=None, **k):
+        meshes.append(None if mesh is None else dict(mesh.shape))
+        return advance(self, *a, mesh=mesh, **k)
+
+    monkeypatch.setattr(ShallowWater, "advance", spy)
+    return meshes
+
+
 def _run(tmp_path, *extra, name="out.h5"):
     out = tmp_path / name
     code = main(["shallow-water", *FAST, "--output", str(out), *extra])
@@ -231,13 +243,7 @@ def test_devices_option_matches_single_device(tmp_path, monkeypatch):
     ]
     one, four = tmp_path / "one.h5", tmp_path / "four.h5"
     assert main(["shallow-water", *args, "--output", str(one)]) == 0
-    meshes, advance = [], ShallowWater.advance
-
-    def spy(self, *a, mesh=None, **k):
-        meshes.append(None if mesh is None else dict(mesh.shape))
-        return advance(self, *a, mesh=mesh, **k)
-
-    monkeypatch.setattr(ShallowWater, "advance", spy)
+    meshes = _meshes_advanced_on(monkeypatch)
     assert main(["shallow-water", *args, "--devices", "2x2", "--output", str(four)]) == 0
     with xr.open_dataset(one) as a, xr.open_dataset(four) as b:
         assert b.attrs["status"] == "complete"
@@ -500,13 +506,7 @@ def test_the_shallow_water_step_is_bit_identical_with_512_bit_vectors(tmp_path):
 
 
 def test_devices_from_config_file(tmp_path, capsys, monkeypatch):
-    meshes, advance = [], ShallowWater.advance
-
-    def spy(self, *a, mesh=None, **k):
-        meshes.append(None if mesh is None else dict(mesh.shape))
-        return advance(self, *a, mesh=mesh, **k)
-
-    monkeypatch.setattr(ShallowWater, "advance", spy)
+    meshes = _meshes_advanced_on(monkeypatch)
     cfg = tmp_path / "d.toml"
     cfg.write_text('case = "gravity-wave"\nn = 16\nt_end = 3600.0\ndevices = "2x2"\n')
     out = tmp_path / "d.h5"
@@ -1590,13 +1590,7 @@ def test_resume_continues_on_another_device_layout(
                  "--max-frames", "2"]) == 0  # fmt: skip
     capsys.readouterr()
     resume = ["--output", str(part), "--resume", "--devices", then, "--quiet"]
-    meshes, advance = [], ShallowWater.advance
-
-    def spy(self, *a, mesh=None, **k):
-        meshes.append(None if mesh is None else dict(mesh.shape))
-        return advance(self, *a, mesh=mesh, **k)
-
-    monkeypatch.setattr(ShallowWater, "advance", spy)
+    meshes = _meshes_advanced_on(monkeypatch)
     assert main(["shallow-water", *resume]) == 0
     # the rest of the run went on on the new layout, not only said so
     expected = None if then == "1" else {"y": 4, "x": 1}
@@ -3477,13 +3471,7 @@ def test_a_device_layout_given_as_a_list_in_the_config_is_y_by_x(
     tmp_path, monkeypatch, layout, shape
 ):
     """A config's `devices = [P, Q]` is P devices along y by Q along x, as `--devices PxQ`."""
-    meshes, advance = [], ShallowWater.advance
-
-    def spy(self, *a, mesh=None, **k):
-        meshes.append(None if mesh is None else dict(mesh.shape))
-        return advance(self, *a, mesh=mesh, **k)
-
-    monkeypatch.setattr(ShallowWater, "advance", spy)
+    meshes = _meshes_advanced_on(monkeypatch)
     cfg = tmp_path / "d.toml"
     cfg.write_text(f'case = "gravity-wave"\nn = 16\nt_end = 3600.0\ndevices = {layout}\n')
     out = tmp_path / "d.h5"
