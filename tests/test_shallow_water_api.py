@@ -2068,3 +2068,40 @@ def test_potential_vorticity_takes_f_at_the_corners_of_a_beta_plane():
     y_corner = np.arange(ny) * (ly / ny)  # corner row j at y = j Δy (the south-west corners)
     expected = (f0 + beta * (y_corner - ly / 2)) / depth
     np.testing.assert_allclose(q, np.broadcast_to(expected[:, None], (ny, nx)), rtol=1e-12)
+
+
+def test_solve_diffrax_uses_the_solver_given():
+    """Three constant Euler steps of solve_diffrax are three forward-Euler steps of the
+    model's right-hand side."""
+    c = make_case("geostrophic-adjustment", nx=16, ny=16, precision="float64")
+    m, s = c.model, c.state
+    dt = float(m.max_stable_dt(s, 0.5))
+    sol = m.solve_diffrax(
+        s,
+        0.0,
+        3 * dt,
+        solver=diffrax.Euler(),
+        stepsize_controller=diffrax.ConstantStepSize(),
+        dt0=dt,
+    )
+    y = s
+    for k in range(3):
+        y = jax.tree.map(lambda a, b: a + dt * b, y, m.rhs(y, k * dt))
+    last = jax.tree.map(lambda a: a[-1], sol.ys)
+    assert _max_diff(last, y) <= 1e-12 * max(float(jnp.max(jnp.abs(x))) for x in jax.tree.leaves(y))
+    tsit5 = m.solve_diffrax(s, 0.0, 3 * dt, stepsize_controller=diffrax.ConstantStepSize(), dt0=dt)
+    assert _max_diff(jax.tree.map(lambda a: a[-1], tsit5.ys), y) > 1e3 * _max_diff(last, y)
+
+
+@pytest.mark.multidevice
+def test_solve_diffrax_on_a_mesh_takes_the_tolerances_given():
+    """On a mesh, solve_diffrax takes rtol and atol as given: the one-device steps and states."""
+    c = make_case("geostrophic-adjustment", nx=16, ny=16, precision="float64")
+    m, s = c.model, c.state
+    t1 = 4 * float(m.max_stable_dt(s, 0.5))
+    mesh = make_mesh((2, 2))
+    for tol in (dict(rtol=1e-3, atol=1e-9), dict(rtol=1e-9, atol=1e-3)):
+        ref = m.solve_diffrax(s, 0.0, t1, **tol)
+        out = m.solve_diffrax(shard(s, m.grid, mesh), 0.0, t1, mesh=mesh, **tol)
+        assert int(out.stats["num_steps"]) == int(ref.stats["num_steps"]), tol
+        assert _max_diff(out.ys, ref.ys) <= 1e-10, tol
